@@ -1,0 +1,1 @@
+//! Provider `aws`, built on aws-sdk-rust and tested against moto. Not yet started.

@@ -1,0 +1,244 @@
+//! The `trellis` command line.
+//!
+//! Exit codes are part of the interface CI relies on: 0 success, 1 the
+//! blueprint (or operation) failed, 2 the command itself could not run
+//! (bad flags, unreadable file).
+
+use crate::diag::{self, Diagnostics};
+use crate::document::{self, Format, DEFAULT_MAX_INPUT_BYTES};
+use crate::functions::CoreFunctions;
+use crate::source::SourceMap;
+use crate::validate::{self, Options};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::Write;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "trellis",
+    version,
+    about = "Deploy engine for the Blueprint Specification v2023-04-20",
+    long_about = "Trellis validates, plans and deploys blueprints: YAML or JSON documents of \
+variables, values, data sources, resources, child blueprints and exports.\n\n\
+Exit codes: 0 success, 1 the blueprint or operation failed, 2 the command could not run."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check blueprints against the specification and report every problem.
+    ///
+    /// Reads YAML (.yaml, .yml) or JSON (.json, .jsonc; comments and trailing
+    /// commas allowed). Reports all problems in one run, each with a stable
+    /// code (see `trellis explain`). Exits 0 when no file has an error, 1 when
+    /// one does, 2 when a file cannot be read.
+    Validate(ValidateArgs),
+    /// Describe diagnostic codes: `trellis explain T0501`, or `--all` for the
+    /// whole registry as Markdown (the source of docs/diagnostics.md).
+    Explain(ExplainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ValidateArgs {
+    /// Blueprint files to validate.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<String>,
+    /// Output format: rustc-style text, or one JSON object.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub format: OutputFormat,
+    /// A variable value to check against its definition (type, allowed values).
+    #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+    pub vars: Vec<(String, String)>,
+    /// Skip checks that need provider plugins (resource types, spec schemas).
+    /// Plugins do not exist yet, so this is currently always the case.
+    #[arg(long)]
+    pub skip_provider_checks: bool,
+    /// Refuse inputs larger than this many bytes.
+    #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
+    pub max_input_size: usize,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// A code (`T0501`) or name (`unknown-variable`).
+    #[arg(required_unless_present = "all")]
+    pub code: Option<String>,
+    /// Print the whole registry as a Markdown table.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+fn parse_var(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected NAME=VALUE, got `{s}`")),
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate(args) => run_validate(&args),
+        Command::Explain(args) => run_explain(&args),
+    }
+}
+
+/// The result of validating files: the sources (for rendering) and what was found.
+pub struct Report {
+    pub sources: SourceMap,
+    pub diagnostics: Diagnostics,
+}
+
+impl Report {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.has_errors()
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut out = format!("{{\"valid\":{},\"diagnostics\":[", !self.has_errors());
+        for (i, d) in self.diagnostics.items.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&diag::render_json(d, &self.sources));
+        }
+        out.push_str("]}");
+        out
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for d in &self.diagnostics.items {
+            out.push_str(&diag::render_text(d, &self.sources));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Validates one in-memory document (used by the CLI per file, and by tests).
+pub fn validate_source(
+    sources: &mut SourceMap,
+    name: &str,
+    bytes: Vec<u8>,
+    opts: &Options<'_>,
+    max_input_size: usize,
+    diags: &mut Diagnostics,
+) {
+    let mut local = Diagnostics::default();
+    if let Some(file) = document::load_bytes(sources, name, bytes, max_input_size, &mut local) {
+        if let Some(root) = document::parse(sources, file, Format::from_path(name), &mut local) {
+            let src = sources.get(file);
+            let bp = crate::blueprint::load(&root, src, file, &mut local);
+            validate::validate(&bp, src, opts, &mut local);
+        }
+    }
+    local.sort();
+    diags.extend(local.items);
+}
+
+fn run_validate(args: &ValidateArgs) -> ExitCode {
+    let opts = Options {
+        functions: &CoreFunctions,
+        providers: None,
+        variables: &args.vars,
+    };
+    let mut report = Report {
+        sources: SourceMap::new(),
+        diagnostics: Diagnostics::default(),
+    };
+    for path in &args.paths {
+        let bytes = match read_limited(path, args.max_input_size) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("error: cannot read {path}: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        validate_source(
+            &mut report.sources,
+            path,
+            bytes,
+            &opts,
+            args.max_input_size,
+            &mut report.diagnostics,
+        );
+    }
+    let mut stdout = std::io::stdout().lock();
+    let written = match args.format {
+        OutputFormat::Json => writeln!(stdout, "{}", report.to_json()),
+        OutputFormat::Text => {
+            let errors = report.diagnostics.items.iter().filter(|d| d.is_error()).count();
+            let warnings = report.diagnostics.items.len() - errors;
+            let files = args.paths.len();
+            let summary = if errors > 0 {
+                format!(
+                    "error: validation failed: {errors} error{}, {warnings} warning{} in {files} file{}",
+                    plural(errors),
+                    plural(warnings),
+                    plural(files)
+                )
+            } else {
+                format!(
+                    "ok: {files} file{} valid{}",
+                    plural(files),
+                    if warnings > 0 { format!(" ({warnings} warning{})", plural(warnings)) } else { String::new() }
+                )
+            };
+            write!(stdout, "{}{summary}\n", report.to_text())
+        }
+    };
+    if written.is_err() {
+        // stdout closed (e.g. piped into `head`): nothing more to say.
+        return ExitCode::from(2);
+    }
+    if report.has_errors() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// Reads at most `limit + 1` bytes, so an enormous file (or a device) is
+/// refused without being read whole.
+fn read_limited(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.is_dir() {
+        return Err(std::io::Error::other("is a directory"));
+    }
+    let mut buf = Vec::new();
+    file.take(limit as u64 + 1).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+fn run_explain(args: &ExplainArgs) -> ExitCode {
+    if args.all {
+        print!("{}", diag::registry_markdown());
+        return ExitCode::SUCCESS;
+    }
+    let key = args.code.as_deref().unwrap_or_default();
+    match diag::lookup(key) {
+        Some(c) => {
+            println!("{} ({}, {}): {}", c.id, c.name, c.severity.as_str(), c.summary);
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("error: no diagnostic code `{key}`; `trellis explain --all` lists them");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Trellis: a deploy engine for the Blueprint Specification v2023-04-20.
+//!
+//! The pipeline, bytes to state: [`document`] (YAML/JSON to a spanned tree),
+//! [`blueprint`] (the typed model), [`subst`] (the `${..}` language),
+//! [`validate`] (diagnostics). See ARCHITECTURE.md for the map and the
+//! invariants each module keeps.
+
+pub mod blueprint;
+pub mod cli;
+pub mod diag;
+pub mod document;
+pub mod functions;
+pub mod source;
+pub mod subst;
+pub mod validate;

@@ -1,0 +1,56 @@
+//! Static validation: every rule of the specification that can be checked
+//! without plugins, in one pass that reports every problem it finds.
+//!
+//! Pure: no I/O, no clock. Provider knowledge (resource types, schemas,
+//! provider functions) comes in through [`Options`]: a [`FunctionCatalog`]
+//! and an optional [`ProviderChecks`].
+
+mod graph;
+mod refs;
+mod sections;
+
+use crate::blueprint::{Blueprint, DataSource, Resource};
+use crate::diag::Diagnostics;
+use crate::functions::{CoreFunctions, FunctionCatalog};
+use crate::source::SourceFile;
+
+/// Checks that need a provider: does a resource type exist, is its spec
+/// valid. The plugin host implements this; validation without plugins
+/// (`--skip-provider-checks`) passes `None`.
+pub trait ProviderChecks {
+    fn check_resource(&self, resource: &Resource, diags: &mut Diagnostics);
+    fn check_datasource(&self, datasource: &DataSource, diags: &mut Diagnostics);
+}
+
+pub struct Options<'a> {
+    pub functions: &'a dyn FunctionCatalog,
+    pub providers: Option<&'a dyn ProviderChecks>,
+    /// Variable values supplied by the caller (`--var name=value`), as text.
+    pub variables: &'a [(String, String)],
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Options {
+            functions: &CoreFunctions,
+            providers: None,
+            variables: &[],
+        }
+    }
+}
+
+/// Validates a loaded blueprint; diagnostics are appended in discovery order.
+pub fn validate(bp: &Blueprint, src: &SourceFile, opts: &Options<'_>, diags: &mut Diagnostics) {
+    sections::check(bp, opts, diags);
+    let graph = refs::check(bp, src, opts, diags);
+    graph::report_cycles(bp, &graph, diags);
+    graph::check_each_sources(bp, &graph, diags);
+    if let Some(p) = opts.providers {
+        for r in &bp.resources {
+            p.check_resource(r, diags);
+        }
+        for d in &bp.datasources {
+            p.check_datasource(d, diags);
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! Reference resolution: every `${..}` and export field names something that
+//! exists, with the shape its kind allows. Builds the dependency graph that
+//! cycle detection and the `each` rule use.
+
+use super::Options;
+use crate::blueprint::{Blueprint, Resource, Spanned};
+use crate::diag::{codes, did_you_mean, Code, Diagnostic, Diagnostics};
+use crate::source::{SourceFile, Span};
+use crate::subst::{parse_expression, Accessor, Expr, ExprKind, Name, SpanMap, Template};
+use std::collections::HashMap;
+
+/// The things that can depend on each other, numbered in declaration order:
+/// values, then data sources, then resources, then children.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeRef {
+    Value(usize),
+    DataSource(usize),
+    Resource(usize),
+    Child(usize),
+}
+
+pub struct Graph {
+    pub nodes: Vec<NodeRef>,
+    /// Outgoing edges per node, in the order the references were written,
+    /// each with the span of the reference.
+    pub edges: Vec<Vec<(usize, Span)>>,
+    /// For each resource with `each`: what its `each` expression references.
+    pub each_targets: Vec<(usize, Vec<(usize, Span)>)>,
+    offsets: [usize; 4],
+}
+
+impl Graph {
+    fn new(bp: &Blueprint) -> Graph {
+        let counts = [bp.values.len(), bp.datasources.len(), bp.resources.len(), bp.include.len()];
+        let offsets = [0, counts[0], counts[0] + counts[1], counts[0] + counts[1] + counts[2]];
+        let mut nodes = Vec::with_capacity(counts.iter().sum());
+        nodes.extend((0..counts[0]).map(NodeRef::Value));
+        nodes.extend((0..counts[1]).map(NodeRef::DataSource));
+        nodes.extend((0..counts[2]).map(NodeRef::Resource));
+        nodes.extend((0..counts[3]).map(NodeRef::Child));
+        Graph {
+            edges: vec![Vec::new(); nodes.len()],
+            nodes,
+            each_targets: Vec::new(),
+            offsets,
+        }
+    }
+
+    pub fn index(&self, r: NodeRef) -> usize {
+        match r {
+            NodeRef::Value(i) => self.offsets[0] + i,
+            NodeRef::DataSource(i) => self.offsets[1] + i,
+            NodeRef::Resource(i) => self.offsets[2] + i,
+            NodeRef::Child(i) => self.offsets[3] + i,
+        }
+    }
+}
+
+/// How a name is shown in messages: `values.x`, `resources.y`.
+pub fn describe(bp: &Blueprint, r: NodeRef) -> String {
+    match r {
+        NodeRef::Value(i) => format!("values.{}", bp.values[i].name.value),
+        NodeRef::DataSource(i) => format!("datasources.{}", bp.datasources[i].name.value),
+        NodeRef::Resource(i) => format!("resources.{}", bp.resources[i].name.value),
+        NodeRef::Child(i) => format!("children.{}", bp.include[i].name.value),
+    }
+}
+
+pub fn name_span(bp: &Blueprint, r: NodeRef) -> Span {
+    match r {
+        NodeRef::Value(i) => bp.values[i].name.span,
+        NodeRef::DataSource(i) => bp.datasources[i].name.span,
+        NodeRef::Resource(i) => bp.resources[i].name.span,
+        NodeRef::Child(i) => bp.include[i].name.span,
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    /// The graph node whose definition holds the expression.
+    owner: Option<usize>,
+    /// Inside a resource with `each` (not in `each` itself): `elem` and `i` work.
+    in_each: bool,
+    /// The function this expression is an argument of.
+    arg_of: Option<&'a str>,
+}
+
+struct Checker<'a, 'o> {
+    bp: &'a Blueprint,
+    opts: &'a Options<'o>,
+    diags: &'a mut Diagnostics,
+    variables: HashMap<&'a str, usize>,
+    values: HashMap<&'a str, usize>,
+    datasources: HashMap<&'a str, usize>,
+    resources: HashMap<&'a str, usize>,
+    children: HashMap<&'a str, usize>,
+    graph: Graph,
+    /// Collects targets while checking an `each` expression.
+    collect: Option<Vec<(usize, Span)>>,
+}
+
+fn table<'a, T>(items: &'a [T], name: impl Fn(&'a T) -> &'a Spanned<String>) -> HashMap<&'a str, usize> {
+    let mut m = HashMap::with_capacity(items.len());
+    for (i, it) in items.iter().enumerate() {
+        m.entry(name(it).value.as_str()).or_insert(i);
+    }
+    m
+}
+
+pub fn check(bp: &Blueprint, src: &SourceFile, opts: &Options<'_>, diags: &mut Diagnostics) -> Graph {
+    let mut c = Checker {
+        bp,
+        opts,
+        diags,
+        variables: table(&bp.variables, |v| &v.name),
+        values: table(&bp.values, |v| &v.name),
+        datasources: table(&bp.datasources, |d| &d.name),
+        resources: table(&bp.resources, |r| &r.name),
+        children: table(&bp.include, |i| &i.name),
+        graph: Graph::new(bp),
+        collect: None,
+    };
+    c.run(src);
+    c.graph
+}
+
+impl<'a> Checker<'a, '_> {
+    fn run(&mut self, src: &SourceFile) {
+        let bp = self.bp;
+        for (i, v) in bp.values.iter().enumerate() {
+            let ctx = self.ctx(NodeRef::Value(i), false);
+            if let Some(t) = &v.value {
+                self.template(t, ctx);
+            }
+            if let Some(t) = &v.description {
+                self.template(t, ctx);
+            }
+        }
+        for (i, d) in bp.datasources.iter().enumerate() {
+            let ctx = self.ctx(NodeRef::DataSource(i), false);
+            let mut ts = Vec::new();
+            d.metadata.templates(&mut |t| ts.push(t));
+            for f in &d.filters {
+                if let Some(s) = &f.search {
+                    s.templates(&mut |t| ts.push(t));
+                }
+            }
+            if let Some(t) = &d.description {
+                ts.push(t);
+            }
+            for t in ts {
+                self.template(t, ctx);
+            }
+        }
+        for (i, r) in bp.resources.iter().enumerate() {
+            let node = self.graph.index(NodeRef::Resource(i));
+            if let Some(each) = &r.each {
+                self.collect = Some(Vec::new());
+                self.template(each, self.ctx(NodeRef::Resource(i), false));
+                let targets = self.collect.take().unwrap_or_default();
+                self.graph.each_targets.push((i, targets));
+            }
+            let ctx = self.ctx(NodeRef::Resource(i), r.each.is_some());
+            let mut ts = Vec::new();
+            r.element_templates(&mut |t| ts.push(t));
+            for t in ts {
+                self.template(t, ctx);
+            }
+            self.depends_on(i, r, node);
+        }
+        for (i, inc) in bp.include.iter().enumerate() {
+            let ctx = self.ctx(NodeRef::Child(i), false);
+            let mut ts = Vec::new();
+            if let Some(t) = &inc.path {
+                ts.push(t);
+            }
+            for (_, v) in &inc.variables {
+                v.templates(&mut |t| ts.push(t));
+            }
+            if let Some(m) = &inc.metadata {
+                m.templates(&mut |t| ts.push(t));
+            }
+            if let Some(t) = &inc.description {
+                ts.push(t);
+            }
+            for t in ts {
+                self.template(t, ctx);
+            }
+        }
+        let top = Ctx {
+            owner: None,
+            in_each: false,
+            arg_of: None,
+        };
+        for x in &bp.exports {
+            if let Some(t) = &x.description {
+                self.template(t, top);
+            }
+            if let Some(field) = &x.field {
+                self.export_field(field, src, top);
+            }
+        }
+        if let Some(m) = &bp.metadata {
+            let mut ts = Vec::new();
+            m.templates(&mut |t| ts.push(t));
+            for t in ts {
+                self.template(t, top);
+            }
+        }
+    }
+
+    fn ctx(&self, owner: NodeRef, in_each: bool) -> Ctx<'static> {
+        Ctx {
+            owner: Some(self.graph.index(owner)),
+            in_each,
+            arg_of: None,
+        }
+    }
+
+    fn push(&mut self, code: &'static Code, span: Span, msg: String, hint: Option<String>) {
+        let mut d = Diagnostic::new(code, span, msg);
+        d.hint = hint;
+        self.diags.push(d);
+    }
+
+    fn edge(&mut self, ctx: Ctx<'_>, target: NodeRef, span: Span) {
+        let t = self.graph.index(target);
+        if let Some(o) = ctx.owner {
+            if !self.graph.edges[o].iter().any(|(x, _)| *x == t) {
+                self.graph.edges[o].push((t, span));
+            }
+        }
+        if let Some(c) = &mut self.collect {
+            c.push((t, span));
+        }
+    }
+
+    fn template(&mut self, t: &Template, ctx: Ctx<'_>) {
+        for s in t.substitutions() {
+            self.expr(&s.expr, ctx);
+        }
+    }
+
+    fn unknown(&mut self, code: &'static Code, kind: &str, name: &Name, candidates: Vec<&str>) {
+        let hint = did_you_mean(&name.text, candidates).map(|s| format!("did you mean `{s}`?"));
+        self.push(code, name.span, format!("unknown {kind} `{}`", name.text), hint);
+    }
+
+    fn expr(&mut self, e: &Expr, ctx: Ctx<'_>) {
+        match &e.kind {
+            ExprKind::Lit(_) => {}
+            ExprKind::Variable(n) => {
+                if !self.variables.contains_key(n.text.as_str()) {
+                    let cands = self.variables.keys().copied().collect();
+                    self.unknown(&codes::UNKNOWN_VARIABLE, "variable", n, cands);
+                }
+            }
+            ExprKind::Value(n, _) => match self.values.get(n.text.as_str()) {
+                Some(&i) => self.edge(ctx, NodeRef::Value(i), e.span),
+                None => {
+                    let cands = self.values.keys().copied().collect();
+                    self.unknown(&codes::UNKNOWN_VALUE, "value", n, cands);
+                }
+            },
+            ExprKind::DataSource { name, field, index } => {
+                let Some(&i) = self.datasources.get(name.text.as_str()) else {
+                    let cands = self.datasources.keys().copied().collect();
+                    self.unknown(&codes::UNKNOWN_DATASOURCE, "data source", name, cands);
+                    return;
+                };
+                self.edge(ctx, NodeRef::DataSource(i), e.span);
+                let ds = &self.bp.datasources[i];
+                match ds.exports.iter().find(|x| x.name.value == field.text) {
+                    None => {
+                        let hint = did_you_mean(&field.text, ds.exports.iter().map(|x| x.name.value.as_str()))
+                            .map(|s| format!("did you mean `{s}`?"))
+                            .or_else(|| Some("only fields listed under the data source's `exports` can be referenced".into()));
+                        self.push(
+                            &codes::UNKNOWN_DATASOURCE_FIELD,
+                            field.span,
+                            format!("data source `{}` does not export `{}`", name.text, field.text),
+                            hint,
+                        );
+                    }
+                    Some(x) => {
+                        let is_array = x.ty.as_ref().is_some_and(|t| t.value == "array");
+                        if let (Some(ix), false) = (index, is_array) {
+                            self.push(
+                                &codes::DATASOURCE_FIELD_NOT_ARRAY,
+                                ix.span(),
+                                format!(
+                                    "`{}` of data source `{}` is exported as {}, not an array, so it cannot be indexed",
+                                    field.text,
+                                    name.text,
+                                    x.ty.as_ref().map_or("an unknown type".to_owned(), |t| crate::blueprint::article_of(&t.value))
+                                ),
+                                None,
+                            );
+                        }
+                    }
+                }
+            }
+            ExprKind::Child(n, _) => match self.children.get(n.text.as_str()) {
+                Some(&i) => self.edge(ctx, NodeRef::Child(i), e.span),
+                None => {
+                    let cands = self.children.keys().copied().collect();
+                    self.unknown(&codes::UNKNOWN_CHILD, "child blueprint", n, cands);
+                }
+            },
+            ExprKind::Resource { name, path, prefixed } => self.resource_ref(e, name, path, *prefixed, ctx),
+            ExprKind::Elem(_) | ExprKind::ElemIndex => {
+                if !ctx.in_each {
+                    let what = if matches!(e.kind, ExprKind::ElemIndex) { "i" } else { "elem" };
+                    self.push(
+                        &codes::ELEM_OUTSIDE_EACH,
+                        e.span,
+                        format!("`{what}` can only be used inside a resource with `each`"),
+                        Some("`elem` is the current element and `i` its index when a resource template has `each`".into()),
+                    );
+                }
+            }
+            ExprKind::Call { name, args, path } => {
+                let sig = self.opts.functions.lookup(&name.text);
+                match sig {
+                    None => {
+                        let names = self.opts.functions.names();
+                        let hint = did_you_mean(&name.text, names.iter().copied()).map(|s| format!("did you mean `{s}`?"));
+                        self.push(
+                            &codes::UNKNOWN_FUNCTION,
+                            name.span,
+                            format!("unknown function `{}`", name.text),
+                            hint,
+                        );
+                    }
+                    Some(sig) => {
+                        let n = args.len();
+                        let too_few = n < sig.min_args();
+                        let too_many = sig.max_args().is_some_and(|m| n > m);
+                        if too_few || too_many {
+                            self.push(
+                                &codes::FUNCTION_ARITY,
+                                e.span,
+                                format!(
+                                    "`{}` takes {}, but {} {} given",
+                                    name.text,
+                                    sig.arity_text(),
+                                    n,
+                                    if n == 1 { "was" } else { "were" }
+                                ),
+                                None,
+                            );
+                        }
+                        if sig.returns == crate::functions::Ty::Func && ctx.arg_of.is_none() && path.is_empty() {
+                            self.push(
+                                &codes::FUNCTION_VALUE,
+                                e.span,
+                                format!("`{}(..)` returns a function, which can only be passed to another function", name.text),
+                                Some(format!("pass it to a function that takes one, e.g. `map(items, {}(..))`", name.text)),
+                            );
+                        }
+                    }
+                }
+                let inner = Ctx {
+                    arg_of: Some(name.text.as_str()),
+                    ..ctx
+                };
+                for a in args {
+                    self.expr(&a.value, inner);
+                }
+            }
+        }
+    }
+
+    fn resource_ref(&mut self, e: &Expr, name: &Name, path: &[Accessor], prefixed: bool, ctx: Ctx<'_>) {
+        let found = self.resources.get(name.text.as_str()).copied();
+        if path.is_empty() {
+            // `link(a, b)` takes resources themselves.
+            if ctx.arg_of == Some("link") {
+                if let Some(i) = found {
+                    self.edge(ctx, NodeRef::Resource(i), e.span);
+                    return;
+                }
+            }
+            // A bare name is a function value when a function has that name.
+            if !prefixed && self.opts.functions.lookup(&name.text).is_some() {
+                if ctx.arg_of.is_none() {
+                    self.push(
+                        &codes::FUNCTION_VALUE,
+                        e.span,
+                        format!("`{}` is a function; a function can only be passed to another function", name.text),
+                        Some(format!("call it: `{}(..)`", name.text)),
+                    );
+                }
+                return;
+            }
+        }
+        let Some(i) = found else {
+            let mut cands: Vec<&str> = self.resources.keys().copied().collect();
+            if !prefixed {
+                cands.extend(self.opts.functions.names());
+            }
+            let kind = if prefixed { "resource" } else { "resource or function" };
+            let mut hint = did_you_mean(&name.text, cands).map(|s| format!("did you mean `{s}`?"));
+            if !prefixed && hint.is_none() {
+                hint = Some(
+                    "a name without a prefix is a resource; use `variables.`, `values.`, `datasources.` or `children.` for the others".into(),
+                );
+            }
+            self.push(&codes::UNKNOWN_RESOURCE, name.span, format!("unknown {kind} `{}`", name.text), hint);
+            return;
+        };
+        self.edge(ctx, NodeRef::Resource(i), e.span);
+        let r: &Resource = &self.bp.resources[i];
+        let mut rest = path;
+        if r.each.is_some() {
+            match rest.first() {
+                Some(Accessor::Index(..)) => rest = &rest[1..],
+                _ if ctx.arg_of == Some("link") && rest.is_empty() => return,
+                _ => {
+                    self.push(
+                        &codes::RESOURCE_INDEX,
+                        e.span,
+                        format!("resource `{}` is a template with `each`: pick an element", name.text),
+                        Some(format!("for example `resources.{}[0].spec..`", name.text)),
+                    );
+                    return;
+                }
+            }
+        } else if let Some(ix @ Accessor::Index(..)) = rest.first() {
+            self.push(
+                &codes::RESOURCE_INDEX,
+                ix.span(),
+                format!("resource `{}` has no `each`, so it cannot be indexed", name.text),
+                None,
+            );
+            return;
+        }
+        const METADATA: &[&str] = &["displayName", "labels", "annotations", "custom"];
+        let problem = match rest.first() {
+            Some(Accessor::Field(f)) if f.text == "spec" || f.text == "state" => None,
+            Some(Accessor::Field(f)) if f.text == "metadata" => match rest.get(1) {
+                Some(Accessor::Field(g)) if METADATA.contains(&g.text.as_str()) => None,
+                Some(a) => Some((
+                    a.span(),
+                    "resource metadata is read through `.displayName`, `.labels`, `.annotations` or `.custom`".to_owned(),
+                    match a {
+                        Accessor::Field(g) => did_you_mean(&g.text, METADATA.iter().copied()).map(|s| format!("did you mean `{s}`?")),
+                        _ => None,
+                    },
+                )),
+                None => Some((
+                    f.span,
+                    "resource metadata is read through `.displayName`, `.labels`, `.annotations` or `.custom`".to_owned(),
+                    None,
+                )),
+            },
+            Some(a) => Some((
+                a.span(),
+                format!("a reference to resource `{}` must go through `.spec`, `.state` or `.metadata`", name.text),
+                match a {
+                    Accessor::Field(f) => did_you_mean(&f.text, ["spec", "state", "metadata"]).map(|s| format!("did you mean `{s}`?")),
+                    _ => None,
+                },
+            )),
+            None => Some((
+                e.span,
+                format!("a reference to resource `{}` must go through `.spec`, `.state` or `.metadata`", name.text),
+                Some(format!("for example `resources.{}.spec.<field>`", name.text)),
+            )),
+        };
+        if let Some((span, msg, hint)) = problem {
+            self.push(&codes::RESOURCE_FIELD, span, msg, hint);
+        }
+    }
+
+    fn depends_on(&mut self, i: usize, r: &'a Resource, node: usize) {
+        for dep in &r.depends_on {
+            let target = if dep.value == r.name.value {
+                self.push(
+                    &codes::DEPENDS_ON_SELF,
+                    dep.span,
+                    format!("resource `{}` cannot depend on itself", dep.value),
+                    None,
+                );
+                continue;
+            } else if let Some(&j) = self.resources.get(dep.value.as_str()) {
+                NodeRef::Resource(j)
+            } else if let Some(&j) = self.children.get(dep.value.as_str()) {
+                NodeRef::Child(j)
+            } else {
+                let cands = self.resources.keys().chain(self.children.keys()).copied();
+                let hint = did_you_mean(&dep.value, cands).map(|s| format!("did you mean `{s}`?"));
+                self.push(
+                    &codes::DEPENDS_ON_UNKNOWN,
+                    dep.span,
+                    format!("resource `{}` depends on `{}`, which is neither a resource nor a child blueprint", r.name.value, dep.value),
+                    hint,
+                );
+                continue;
+            };
+            let _ = i;
+            let t = self.graph.index(target);
+            if !self.graph.edges[node].iter().any(|(x, _)| *x == t) {
+                self.graph.edges[node].push((t, dep.span));
+            }
+        }
+    }
+
+    /// An export `field` is a plain reference, written without `${..}`.
+    fn export_field(&mut self, field: &Spanned<String>, src: &SourceFile, ctx: Ctx<'_>) {
+        let quoted = matches!(src.text.as_bytes().get(field.span.start as usize), Some(b'"' | b'\''));
+        let start = field.span.start + u32::from(quoted);
+        let map = SpanMap::verbatim(field.span.file, start);
+        let mut local = Diagnostics::default();
+        let expr = parse_expression(&field.value, &map, &mut local);
+        let reference = expr.filter(|e| {
+            matches!(
+                e.kind,
+                ExprKind::Variable(_)
+                    | ExprKind::Value(..)
+                    | ExprKind::DataSource { .. }
+                    | ExprKind::Child(..)
+                    | ExprKind::Resource { .. }
+            )
+        });
+        match reference {
+            Some(e) => self.expr(&e, ctx),
+            None => {
+                let detail = local.items.first().map(|d| format!(" ({})", d.message)).unwrap_or_default();
+                self.push(
+                    &codes::EXPORT_FIELD,
+                    field.span,
+                    format!("export field `{}` is not a reference{detail}", field.value),
+                    Some("write a plain reference such as `resources.name.spec.field` or `values.name`; to compute an export, compute a value and export it".into()),
+                );
+            }
+        }
+    }
+}
