@@ -9,6 +9,7 @@ pub mod blueprint;
 pub mod cli;
 pub mod diag;
 pub mod document;
+pub mod eval;
 pub mod functions;
 pub mod source;
 pub mod subst;

@@ -118,13 +118,20 @@ pub enum ExprKind {
 }
 
 impl Template {
-    /// The template's only substitution when it is exactly `${..}` with no
-    /// literal text around it.
+    /// The template's only substitution when it is exactly `${..}` with
+    /// nothing but whitespace around it (a YAML block scalar `|` ends with a
+    /// newline, as the specification's own examples do).
     pub fn single_substitution(&self) -> Option<&Subst> {
-        match self.parts.as_slice() {
-            [Part::Sub(s)] => Some(s),
-            _ => None,
+        let mut found = None;
+        for p in &self.parts {
+            match p {
+                Part::Sub(s) if found.is_none() => found = Some(s),
+                Part::Sub(_) => return None,
+                Part::Lit(l) if l.trim().is_empty() => {}
+                Part::Lit(_) => return None,
+            }
         }
+        found
     }
 
     pub fn has_substitutions(&self) -> bool {

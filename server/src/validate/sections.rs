@@ -155,7 +155,11 @@ fn unknown_type(
     allowed: &[&str],
     diags: &mut Diagnostics,
 ) {
-    let mut d = Diagnostic::new(code, ty.span, format!("`{}` is not a {what} type", ty.value));
+    let mut d = Diagnostic::new(
+        code,
+        ty.span,
+        format!("`{}` is not {} type", ty.value, crate::blueprint::article_of(what)),
+    );
     d = match did_you_mean(&ty.value, allowed.iter().copied()) {
         Some(s) => d.with_hint(format!("did you mean `{s}`?")),
         None => d.with_hint(format!("expected one of: {}", allowed.join(", "))),
