@@ -5,7 +5,7 @@
 //! (bad flags, unreadable file).
 
 use crate::diag::{self, Diagnostics};
-use crate::document::{self, Format, DEFAULT_MAX_INPUT_BYTES};
+use crate::document::{self, DEFAULT_MAX_INPUT_BYTES, Format};
 use crate::functions::CoreFunctions;
 use crate::source::SourceMap;
 use crate::validate::{self, Options};
@@ -177,7 +177,12 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
     let written = match args.format {
         OutputFormat::Json => writeln!(stdout, "{}", report.to_json()),
         OutputFormat::Text => {
-            let errors = report.diagnostics.items.iter().filter(|d| d.is_error()).count();
+            let errors = report
+                .diagnostics
+                .items
+                .iter()
+                .filter(|d| d.is_error())
+                .count();
             let warnings = report.diagnostics.items.len() - errors;
             let files = args.paths.len();
             let summary = if errors > 0 {
@@ -191,10 +196,14 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
                 format!(
                     "ok: {files} file{} valid{}",
                     plural(files),
-                    if warnings > 0 { format!(" ({warnings} warning{})", plural(warnings)) } else { String::new() }
+                    if warnings > 0 {
+                        format!(" ({warnings} warning{})", plural(warnings))
+                    } else {
+                        String::new()
+                    }
                 )
             };
-            write!(stdout, "{}{summary}\n", report.to_text())
+            writeln!(stdout, "{}{summary}", report.to_text())
         }
     };
     if written.is_err() {
@@ -233,7 +242,13 @@ fn run_explain(args: &ExplainArgs) -> ExitCode {
     let key = args.code.as_deref().unwrap_or_default();
     match diag::lookup(key) {
         Some(c) => {
-            println!("{} ({}, {}): {}", c.id, c.name, c.severity.as_str(), c.summary);
+            println!(
+                "{} ({}, {}): {}",
+                c.id,
+                c.name,
+                c.severity.as_str(),
+                c.summary
+            );
             ExitCode::SUCCESS
         }
         None => {

@@ -199,7 +199,11 @@ pub fn render_text(d: &Diagnostic, sources: &SourceMap) -> String {
     let _ = writeln!(out, "{}[{}]: {}", d.severity.as_str(), d.code.id, d.message);
     let gutter = start.line.to_string().len();
     let pad = " ".repeat(gutter);
-    let _ = writeln!(out, "{pad}--> {}:{}:{}", file.name, start.line, start.column);
+    let _ = writeln!(
+        out,
+        "{pad}--> {}:{}:{}",
+        file.name, start.line, start.column
+    );
     let line = file.line_text(start.line);
     if !(line.is_empty() && start.line > file.line_count()) {
         let _ = writeln!(out, "{pad} |");
@@ -269,7 +273,10 @@ pub fn render_json(d: &Diagnostic, sources: &SourceMap) -> String {
 }
 
 /// The closest candidate by edit distance, for "did you mean" hints.
-pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub fn did_you_mean<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let limit = (name.chars().count() / 3).max(1);
     candidates
         .into_iter()
@@ -334,7 +341,10 @@ mod tests {
 
     #[test]
     fn did_you_mean_finds_close_names() {
-        assert_eq!(did_you_mean("dependOn", ["dependsOn", "spec"]), Some("dependsOn"));
+        assert_eq!(
+            did_you_mean("dependOn", ["dependsOn", "spec"]),
+            Some("dependsOn")
+        );
         assert_eq!(did_you_mean("zzz", ["dependsOn", "spec"]), None);
     }
 }

@@ -138,56 +138,264 @@ use Ty::*;
 
 /// The 50 core functions, in the order of `core-functions.md`.
 pub static CORE: &[Signature] = &[
-    sig!("fromjson", [p("json", String), p("pointer", String)], Any, "Extracts a value from a JSON string with a JSON pointer (RFC 6901)."),
-    sig!("fromjson_g", [p("pointer", String)], Func, "Composable fromjson: takes the pointer, returns func(string) -> any."),
-    sig!("jsondecode", [p("json", String)], Any, "Decodes a JSON string into a value."),
-    sig!("len", [p("value", Any)], Integer, "Length of a string (in characters), array or mapping."),
-    sig!("substr", [p("string", String), p("start", Integer), opt("end", Integer)], String, "Substring between two character indexes."),
-    sig!("substr_g", [p("start", Integer), opt("end", Integer)], Func, "Composable substr."),
-    sig!("replace", [p("string", String), p("search", String), p("replacement", String)], String, "Replaces every occurrence of a substring."),
-    sig!("replace_g", [p("search", String), p("replacement", String)], Func, "Composable replace."),
-    sig!("trim", [p("string", String)], String, "Removes leading and trailing whitespace."),
-    sig!("trimprefix", [p("string", String), p("prefix", String)], String, "Removes a prefix if present."),
-    sig!("trimprefix_g", [p("prefix", String)], Func, "Composable trimprefix."),
-    sig!("trimsuffix", [p("string", String), p("suffix", String)], String, "Removes a suffix if present."),
-    sig!("trimsuffix_g", [p("suffix", String)], Func, "Composable trimsuffix."),
-    sig!("split", [p("string", String), p("delimiter", String)], Array, "Splits a string by a delimiter."),
-    sig!("split_g", [p("delimiter", String)], Func, "Composable split."),
-    sig!("join", [p("strings", Array), p("delimiter", String)], String, "Joins an array of strings with a delimiter."),
-    sig!("index", [p("string", String), p("substring", String)], Integer, "Character index of the first occurrence, or -1."),
-    sig!("last_index", [p("string", String), p("substring", String)], Integer, "Character index of the last occurrence, or -1."),
-    sig!("to_upper", [p("string", String)], String, "Upper-cases a string."),
-    sig!("to_lower", [p("string", String)], String, "Lower-cases a string."),
-    sig!("has_prefix", [p("string", String), p("prefix", String)], Boolean, "Whether a string starts with a prefix."),
-    sig!("has_prefix_g", [p("prefix", String)], Func, "Composable has_prefix."),
-    sig!("has_suffix", [p("string", String), p("suffix", String)], Boolean, "Whether a string ends with a suffix."),
-    sig!("has_suffix_g", [p("suffix", String)], Func, "Composable has_suffix."),
-    sig!("contains", [p("haystack", StringOrArray), p("needle", Any)], Boolean, "Whether a string contains a substring or an array an element."),
-    sig!("contains_g", [p("needle", Any)], Func, "Composable contains."),
+    sig!(
+        "fromjson",
+        [p("json", String), p("pointer", String)],
+        Any,
+        "Extracts a value from a JSON string with a JSON pointer (RFC 6901)."
+    ),
+    sig!(
+        "fromjson_g",
+        [p("pointer", String)],
+        Func,
+        "Composable fromjson: takes the pointer, returns func(string) -> any."
+    ),
+    sig!(
+        "jsondecode",
+        [p("json", String)],
+        Any,
+        "Decodes a JSON string into a value."
+    ),
+    sig!(
+        "len",
+        [p("value", Any)],
+        Integer,
+        "Length of a string (in characters), array or mapping."
+    ),
+    sig!(
+        "substr",
+        [
+            p("string", String),
+            p("start", Integer),
+            opt("end", Integer)
+        ],
+        String,
+        "Substring between two character indexes."
+    ),
+    sig!(
+        "substr_g",
+        [p("start", Integer), opt("end", Integer)],
+        Func,
+        "Composable substr."
+    ),
+    sig!(
+        "replace",
+        [
+            p("string", String),
+            p("search", String),
+            p("replacement", String)
+        ],
+        String,
+        "Replaces every occurrence of a substring."
+    ),
+    sig!(
+        "replace_g",
+        [p("search", String), p("replacement", String)],
+        Func,
+        "Composable replace."
+    ),
+    sig!(
+        "trim",
+        [p("string", String)],
+        String,
+        "Removes leading and trailing whitespace."
+    ),
+    sig!(
+        "trimprefix",
+        [p("string", String), p("prefix", String)],
+        String,
+        "Removes a prefix if present."
+    ),
+    sig!(
+        "trimprefix_g",
+        [p("prefix", String)],
+        Func,
+        "Composable trimprefix."
+    ),
+    sig!(
+        "trimsuffix",
+        [p("string", String), p("suffix", String)],
+        String,
+        "Removes a suffix if present."
+    ),
+    sig!(
+        "trimsuffix_g",
+        [p("suffix", String)],
+        Func,
+        "Composable trimsuffix."
+    ),
+    sig!(
+        "split",
+        [p("string", String), p("delimiter", String)],
+        Array,
+        "Splits a string by a delimiter."
+    ),
+    sig!(
+        "split_g",
+        [p("delimiter", String)],
+        Func,
+        "Composable split."
+    ),
+    sig!(
+        "join",
+        [p("strings", Array), p("delimiter", String)],
+        String,
+        "Joins an array of strings with a delimiter."
+    ),
+    sig!(
+        "index",
+        [p("string", String), p("substring", String)],
+        Integer,
+        "Character index of the first occurrence, or -1."
+    ),
+    sig!(
+        "last_index",
+        [p("string", String), p("substring", String)],
+        Integer,
+        "Character index of the last occurrence, or -1."
+    ),
+    sig!(
+        "to_upper",
+        [p("string", String)],
+        String,
+        "Upper-cases a string."
+    ),
+    sig!(
+        "to_lower",
+        [p("string", String)],
+        String,
+        "Lower-cases a string."
+    ),
+    sig!(
+        "has_prefix",
+        [p("string", String), p("prefix", String)],
+        Boolean,
+        "Whether a string starts with a prefix."
+    ),
+    sig!(
+        "has_prefix_g",
+        [p("prefix", String)],
+        Func,
+        "Composable has_prefix."
+    ),
+    sig!(
+        "has_suffix",
+        [p("string", String), p("suffix", String)],
+        Boolean,
+        "Whether a string ends with a suffix."
+    ),
+    sig!(
+        "has_suffix_g",
+        [p("suffix", String)],
+        Func,
+        "Composable has_suffix."
+    ),
+    sig!(
+        "contains",
+        [p("haystack", StringOrArray), p("needle", Any)],
+        Boolean,
+        "Whether a string contains a substring or an array an element."
+    ),
+    sig!(
+        "contains_g",
+        [p("needle", Any)],
+        Func,
+        "Composable contains."
+    ),
     sig!("list", [], ...Any, Array, "Makes an array of its arguments."),
     sig!("object", [], ...Any, Object, "Makes an object of its named arguments."),
-    sig!("keys", [p("mapping", Object)], Array, "The keys of a mapping."),
-    sig!("vals", [p("mapping", Object)], Array, "The values of a mapping."),
-    sig!("map", [p("items", Array), p("f", Func)], Array, "Applies a function to every element."),
-    sig!("filter", [p("items", Array), p("predicate", Func)], Array, "Keeps the elements a predicate accepts."),
-    sig!("reduce", [p("items", Array), p("f", Func), p("initial", Any)], Any, "Folds an array into one value."),
-    sig!("sort", [p("items", Array), p("compare", Func)], Array, "Sorts with a comparison function."),
-    sig!("flatmap", [p("items", Array), p("f", Func)], Array, "Maps and flattens one level."),
+    sig!(
+        "keys",
+        [p("mapping", Object)],
+        Array,
+        "The keys of a mapping."
+    ),
+    sig!(
+        "vals",
+        [p("mapping", Object)],
+        Array,
+        "The values of a mapping."
+    ),
+    sig!(
+        "map",
+        [p("items", Array), p("f", Func)],
+        Array,
+        "Applies a function to every element."
+    ),
+    sig!(
+        "filter",
+        [p("items", Array), p("predicate", Func)],
+        Array,
+        "Keeps the elements a predicate accepts."
+    ),
+    sig!(
+        "reduce",
+        [p("items", Array), p("f", Func), p("initial", Any)],
+        Any,
+        "Folds an array into one value."
+    ),
+    sig!(
+        "sort",
+        [p("items", Array), p("compare", Func)],
+        Array,
+        "Sorts with a comparison function."
+    ),
+    sig!(
+        "flatmap",
+        [p("items", Array), p("f", Func)],
+        Array,
+        "Maps and flattens one level."
+    ),
     sig!("compose", [], ...Func, Func, "Combines functions right to left."),
     sig!("pipe", [], ...Func, Func, "Combines functions left to right."),
-    sig!("getattr", [p("name", String)], Func, "Returns func(object) -> the named attribute."),
-    sig!("getelem", [p("index", Integer)], Func, "Returns func(array) -> the element at an index."),
-    sig!("link", [p("resourceA", ResourceName), p("resourceB", ResourceName)], Object, "The state of the link between two resources."),
-    sig!("and", [p("a", Boolean), p("b", Boolean)], Boolean, "Logical AND (short-circuits)."),
-    sig!("or", [p("a", Boolean), p("b", Boolean)], Boolean, "Logical OR (short-circuits)."),
+    sig!(
+        "getattr",
+        [p("name", String)],
+        Func,
+        "Returns func(object) -> the named attribute."
+    ),
+    sig!(
+        "getelem",
+        [p("index", Integer)],
+        Func,
+        "Returns func(array) -> the element at an index."
+    ),
+    sig!(
+        "link",
+        [p("resourceA", ResourceName), p("resourceB", ResourceName)],
+        Object,
+        "The state of the link between two resources."
+    ),
+    sig!(
+        "and",
+        [p("a", Boolean), p("b", Boolean)],
+        Boolean,
+        "Logical AND (short-circuits)."
+    ),
+    sig!(
+        "or",
+        [p("a", Boolean), p("b", Boolean)],
+        Boolean,
+        "Logical OR (short-circuits)."
+    ),
     sig!("not", [p("a", Boolean)], Boolean, "Logical NOT."),
     sig!("eq", [p("a", Any), p("b", Any)], Boolean, "Deep equality."),
     sig!("gt", [p("a", Number), p("b", Number)], Boolean, "a > b."),
     sig!("ge", [p("a", Number), p("b", Number)], Boolean, "a >= b."),
     sig!("lt", [p("a", Number), p("b", Number)], Boolean, "a < b."),
     sig!("le", [p("a", Number), p("b", Number)], Boolean, "a <= b."),
-    sig!("cwd", [], String, "The working directory of the engine or CLI."),
-    sig!("datetime", [p("format", String)], String, "The current UTC time as unix, rfc3339, tag or tagcompact."),
+    sig!(
+        "cwd",
+        [],
+        String,
+        "The working directory of the engine or CLI."
+    ),
+    sig!(
+        "datetime",
+        [p("format", String)],
+        String,
+        "The current UTC time as unix, rfc3339, tag or tagcompact."
+    ),
 ];
 
 #[cfg(test)]
@@ -202,7 +410,10 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), 50);
         assert_eq!(core("substr").unwrap().arity_text(), "2 to 3 arguments");
-        assert_eq!(core("list").unwrap().arity_text(), "any number of arguments");
+        assert_eq!(
+            core("list").unwrap().arity_text(),
+            "any number of arguments"
+        );
         assert_eq!(core("cwd").unwrap().arity_text(), "0 arguments");
     }
 }

@@ -16,7 +16,7 @@
 //! the diff: a blessed expectation is only as good as the reading of the
 //! specification behind it.
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use trellis::cli::validate_source;
 use trellis::diag::Diagnostics;
@@ -52,14 +52,25 @@ fn run_case(dir: &Path, vars: &[(String, String)]) -> Vec<(String, String, u32)>
     for f in &files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         let bytes = std::fs::read(f).unwrap();
-        validate_source(&mut sources, &name, bytes, &opts, DEFAULT_MAX_INPUT_BYTES, &mut diags);
+        validate_source(
+            &mut sources,
+            &name,
+            bytes,
+            &opts,
+            DEFAULT_MAX_INPUT_BYTES,
+            &mut diags,
+        );
     }
     diags
         .items
         .iter()
         .map(|d| {
             let (start, _) = sources.resolve(d.span);
-            (sources.get(d.span.file).name.clone(), d.code.id.to_owned(), start.line)
+            (
+                sources.get(d.span.file).name.clone(),
+                d.code.id.to_owned(),
+                start.line,
+            )
         })
         .collect()
 }
@@ -79,7 +90,9 @@ fn conformance_corpus() {
         let name = case.file_name().unwrap().to_string_lossy().into_owned();
         let expected_path = case.join("expected.json");
         let expected: Value = match std::fs::read_to_string(&expected_path) {
-            Ok(t) => serde_json::from_str(&t).unwrap_or_else(|e| panic!("{name}/expected.json: {e}")),
+            Ok(t) => {
+                serde_json::from_str(&t).unwrap_or_else(|e| panic!("{name}/expected.json: {e}"))
+            }
             Err(_) if bless => json!({"diagnostics": []}),
             Err(e) => panic!("{name}/expected.json: {e}"),
         };
@@ -93,8 +106,14 @@ fn conformance_corpus() {
             })
             .unwrap_or_default();
         let actual = run_case(case, &vars);
-        let single = actual.iter().all(|(f, _, _)| f == &actual.first().map(|a| a.0.clone()).unwrap_or_default())
-            && std::fs::read_dir(case).unwrap().filter(|e| is_blueprint(&e.as_ref().unwrap().path())).count() == 1;
+        let single = actual
+            .iter()
+            .all(|(f, _, _)| f == &actual.first().map(|a| a.0.clone()).unwrap_or_default())
+            && std::fs::read_dir(case)
+                .unwrap()
+                .filter(|e| is_blueprint(&e.as_ref().unwrap().path()))
+                .count()
+                == 1;
         let want: Vec<(Option<String>, String, u32)> = expected["diagnostics"]
             .as_array()
             .unwrap_or_else(|| panic!("{name}: `diagnostics` must be a list"))
@@ -102,15 +121,21 @@ fn conformance_corpus() {
             .map(|d| {
                 (
                     d.get("file").and_then(Value::as_str).map(str::to_owned),
-                    d["code"].as_str().unwrap_or_else(|| panic!("{name}: code")).to_owned(),
+                    d["code"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{name}: code"))
+                        .to_owned(),
                     d["line"].as_u64().unwrap_or_else(|| panic!("{name}: line")) as u32,
                 )
             })
             .collect();
         let matches = want.len() == actual.len()
-            && want.iter().zip(&actual).all(|((wf, wc, wl), (af, ac, al))| {
-                wf.as_ref().is_none_or(|f| f == af) && wc == ac && wl == al
-            });
+            && want
+                .iter()
+                .zip(&actual)
+                .all(|((wf, wc, wl), (af, ac, al))| {
+                    wf.as_ref().is_none_or(|f| f == af) && wc == ac && wl == al
+                });
         if matches {
             continue;
         }
@@ -130,13 +155,25 @@ fn conformance_corpus() {
                 out.insert("vars".into(), v.clone());
             }
             out.insert("diagnostics".into(), Value::Array(diagnostics));
-            std::fs::write(&expected_path, serde_json::to_string_pretty(&Value::Object(out)).unwrap() + "\n").unwrap();
+            std::fs::write(
+                &expected_path,
+                serde_json::to_string_pretty(&Value::Object(out)).unwrap() + "\n",
+            )
+            .unwrap();
             continue;
         }
         failures.push(format!(
             "{name}:\n  expected: {:?}\n  actual:   {:?}",
-            want.iter().map(|(f, c, l)| format!("{}{c}@{l}", f.as_deref().map(|f| format!("{f}:")).unwrap_or_default())).collect::<Vec<_>>(),
-            actual.iter().map(|(f, c, l)| format!("{f}:{c}@{l}")).collect::<Vec<_>>()
+            want.iter()
+                .map(|(f, c, l)| format!(
+                    "{}{c}@{l}",
+                    f.as_deref().map(|f| format!("{f}:")).unwrap_or_default()
+                ))
+                .collect::<Vec<_>>(),
+            actual
+                .iter()
+                .map(|(f, c, l)| format!("{f}:{c}@{l}"))
+                .collect::<Vec<_>>()
         ));
     }
     assert!(

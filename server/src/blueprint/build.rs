@@ -1,10 +1,10 @@
 //! Document tree → typed blueprint, with structural diagnostics.
 
 use super::*;
-use crate::diag::{codes, did_you_mean, Code, Diagnostic, Diagnostics};
+use crate::diag::{Code, Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::document::{Node, NodeKind};
 use crate::source::SourceFile;
-use crate::subst::{parse_template, SpanMap};
+use crate::subst::{SpanMap, parse_template};
 
 /// Builds the typed model from a parsed document. Always returns a model
 /// (possibly partial); problems go to `diags`.
@@ -72,13 +72,21 @@ impl Builder<'_> {
         self.push(
             &codes::WRONG_TYPE,
             node.span,
-            format!("{what} must be {expected}, found {}", article(node.type_name())),
+            format!(
+                "{what} must be {expected}, found {}",
+                article(node.type_name())
+            ),
         );
     }
 
     /// The entries of a mapping whose fields are fixed by the specification;
     /// unknown fields are reported, with a suggestion when one is close.
-    fn fields<'n>(&mut self, node: &'n Node, what: &str, allowed: &[&str]) -> Option<&'n [(Key, Node)]> {
+    fn fields<'n>(
+        &mut self,
+        node: &'n Node,
+        what: &str,
+        allowed: &[&str],
+    ) -> Option<&'n [(Key, Node)]> {
         let Some(entries) = node.as_map() else {
             self.wrong_type(node, what, "a mapping");
             return None;
@@ -118,7 +126,11 @@ impl Builder<'_> {
     }
 
     fn missing(&mut self, at: Span, field: &str, what: &str) {
-        self.push(&codes::MISSING_FIELD, at, format!("{what} is missing the required field `{field}`"));
+        self.push(
+            &codes::MISSING_FIELD,
+            at,
+            format!("{what} is missing the required field `{field}`"),
+        );
     }
 
     /// A string where the specification forbids `${..}`; `$${` is unescaped.
@@ -136,7 +148,11 @@ impl Builder<'_> {
             return None;
         }
         Some(Spanned {
-            value: if s.contains("$${") { s.replace("$${", "${") } else { s.to_owned() },
+            value: if s.contains("$${") {
+                s.replace("$${", "${")
+            } else {
+                s.to_owned()
+            },
             span: node.span,
         })
     }
@@ -220,7 +236,10 @@ impl Builder<'_> {
                     .collect(),
             ),
         };
-        TNode { kind, span: node.span }
+        TNode {
+            kind,
+            span: node.span,
+        }
     }
 
     /// A mapping whose values are converted to template trees.
@@ -273,7 +292,11 @@ impl Builder<'_> {
                     Diagnostic::new(
                         &codes::WRONG_TYPE,
                         v.span,
-                        format!("`{}` in {what} must be a string, found {}", k.name, article(v.type_name())),
+                        format!(
+                            "`{}` in {what} must be a string, found {}",
+                            k.name,
+                            article(v.type_name())
+                        ),
                     )
                     .with_hint("quote the value to make it a string"),
                 );
@@ -458,7 +481,10 @@ impl Builder<'_> {
                 return None;
             }
         };
-        Some(Spanned { value, span: node.span })
+        Some(Spanned {
+            value,
+            span: node.span,
+        })
     }
 
     fn value(&mut self, k: &Key, node: &Node) -> ValueDef {
@@ -485,9 +511,14 @@ impl Builder<'_> {
                     Diagnostic::new(
                         &codes::VALUE_NOT_STRING,
                         v.span,
-                        format!("the `value` of {what} must be written as a string, found {}", article(v.type_name())),
+                        format!(
+                            "the `value` of {what} must be written as a string, found {}",
+                            article(v.type_name())
+                        ),
                     )
-                    .with_hint("quote it: integers, floats and booleans are parsed from the string"),
+                    .with_hint(
+                        "quote it: integers, floats and booleans are parsed from the string",
+                    ),
                 ),
             },
             None => self.missing(k.span, "value", &what),
@@ -640,8 +671,7 @@ impl Builder<'_> {
 
     fn datasource_export(&mut self, k: &Key, node: &Node, ds_what: &str) -> DataSourceExport {
         // Export names may be dot paths into the external resource.
-        let valid = !k.name.is_empty()
-            && k.name.split('.').all(is_valid_name);
+        let valid = !k.name.is_empty() && k.name.split('.').all(is_valid_name);
         if !valid {
             self.diags.push(
                 Diagnostic::new(
@@ -676,7 +706,10 @@ impl Builder<'_> {
                     self.push(
                         &codes::INVALID_NAME,
                         alias.span,
-                        format!("`aliasFor` of {what} must be a field name or dot path, found `{}`", alias.value),
+                        format!(
+                            "`aliasFor` of {what} must be a field name or dot path, found `{}`",
+                            alias.value
+                        ),
                     );
                 }
             }
@@ -712,7 +745,11 @@ impl Builder<'_> {
             r.description = self.description(d, &format!("the description of {what}"));
         }
         if let Some(m) = get(f, "metadata") {
-            r.metadata = self.metadata(m, &format!("the metadata of {what}"), RESOURCE_METADATA_FIELDS);
+            r.metadata = self.metadata(
+                m,
+                &format!("the metadata of {what}"),
+                RESOURCE_METADATA_FIELDS,
+            );
         }
         if let Some(c) = get(f, "condition") {
             r.condition = self.condition(c, &what);
@@ -772,10 +809,15 @@ impl Builder<'_> {
             NodeKind::Map(_) => {
                 let cwhat = format!("a condition of {what}");
                 let f = self.fields(node, &cwhat, CONDITION_FIELDS)?;
-                let present: Vec<&(Key, Node)> =
-                    f.iter().filter(|(k, _)| CONDITION_FIELDS.contains(&k.name.as_str())).collect();
+                let present: Vec<&(Key, Node)> = f
+                    .iter()
+                    .filter(|(k, _)| CONDITION_FIELDS.contains(&k.name.as_str()))
+                    .collect();
                 if present.len() != 1 {
-                    let found = present.iter().map(|(k, _)| format!("`{}`", k.name)).collect::<Vec<_>>();
+                    let found = present
+                        .iter()
+                        .map(|(k, _)| format!("`{}`", k.name))
+                        .collect::<Vec<_>>();
                     self.diags.push(
                         Diagnostic::new(
                             &codes::CONDITION_SHAPE,
@@ -797,11 +839,17 @@ impl Builder<'_> {
                         .map(|c| Condition::Not(Box::new(c), node.span)),
                     op => {
                         let NodeKind::List(items) = &v.kind else {
-                            self.wrong_type(v, &format!("`{op}` in {cwhat}"), "an array of conditions");
+                            self.wrong_type(
+                                v,
+                                &format!("`{op}` in {cwhat}"),
+                                "an array of conditions",
+                            );
                             return None;
                         };
-                        let parts: Vec<Condition> =
-                            items.iter().filter_map(|i| self.condition(i, what)).collect();
+                        let parts: Vec<Condition> = items
+                            .iter()
+                            .filter_map(|i| self.condition(i, what))
+                            .collect();
                         Some(if op == "and" {
                             Condition::And(parts, node.span)
                         } else {
@@ -811,7 +859,11 @@ impl Builder<'_> {
                 }
             }
             _ => {
-                self.wrong_type(node, &format!("the condition of {what}"), "a string or a condition object");
+                self.wrong_type(
+                    node,
+                    &format!("the condition of {what}"),
+                    "a string or a condition object",
+                );
                 None
             }
         }
@@ -834,7 +886,11 @@ impl Builder<'_> {
             Some(p) => {
                 inc.path = self.template(p, &format!("the path of {what}"));
                 if p.as_str().is_some_and(|s| s.trim().is_empty()) {
-                    self.push(&codes::MISSING_FIELD, p.span, format!("the path of {what} is empty"));
+                    self.push(
+                        &codes::MISSING_FIELD,
+                        p.span,
+                        format!("the path of {what} is empty"),
+                    );
                 }
             }
             None => self.missing(k.span, "path", &what),

@@ -8,8 +8,8 @@
 
 mod build;
 
-pub use build::load;
 pub(crate) use build::article as article_of;
+pub use build::load;
 
 use crate::document::Key;
 use crate::source::{FileId, Span};
@@ -162,7 +162,9 @@ pub struct DataSourceExport {
 impl DataSourceExport {
     /// The field of the external resource this export reads.
     pub fn source_field(&self) -> &str {
-        self.alias_for.as_ref().map_or(&self.name.value, |a| &a.value)
+        self.alias_for
+            .as_ref()
+            .map_or(&self.name.value, |a| &a.value)
     }
 }
 
@@ -265,5 +267,7 @@ pub fn is_valid_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && (b[0].is_ascii_alphabetic() || b[0] == b'_')
-        && b[1..].iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        && b[1..]
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
 }

@@ -5,8 +5,8 @@
 //! and accepts comments; it is a few hundred lines, byte-oriented and fast
 //! (strings without escapes are copied with one memchr scan).
 
-use super::{check_duplicate_keys, Key, Node, NodeKind, StrStyle, MAX_DEPTH};
-use crate::diag::{codes, Diagnostic, Diagnostics};
+use super::{Key, MAX_DEPTH, Node, NodeKind, StrStyle, check_duplicate_keys};
+use crate::diag::{Diagnostic, Diagnostics, codes};
 use crate::source::{FileId, Span};
 
 struct Reader<'a> {
@@ -86,7 +86,13 @@ impl<'a> Reader<'a> {
                         let start = self.pos;
                         match memchr::memmem::find(&self.b[self.pos + 2..], b"*/") {
                             Some(i) => self.pos += i + 4,
-                            None => return Err(self.err(start, start + 2, "unterminated block comment")),
+                            None => {
+                                return Err(self.err(
+                                    start,
+                                    start + 2,
+                                    "unterminated block comment",
+                                ));
+                            }
                         }
                     }
                     _ => return Ok(()),
@@ -118,7 +124,11 @@ impl<'a> Reader<'a> {
             b'-' | b'0'..=b'9' => self.number(),
             _ => {
                 let ch = self.text[start..].chars().next().unwrap_or(' ');
-                Err(self.err(start, start + ch.len_utf8(), format!("unexpected character `{ch}`, expected a value")))
+                Err(self.err(
+                    start,
+                    start + ch.len_utf8(),
+                    format!("unexpected character `{ch}`, expected a value"),
+                ))
             }
         }
     }
@@ -138,7 +148,14 @@ impl<'a> Reader<'a> {
                 .map(|i| start + i)
                 .unwrap_or(self.b.len())
                 .max(start + 1);
-            Err(self.err(start, end, format!("unexpected `{}`, expected a value", &self.text[start..end.min(self.text.len())])))
+            Err(self.err(
+                start,
+                end,
+                format!(
+                    "unexpected `{}`, expected a value",
+                    &self.text[start..end.min(self.text.len())]
+                ),
+            ))
         }
     }
 
@@ -188,12 +205,18 @@ impl<'a> Reader<'a> {
         self.pos = i;
         let text = &self.text[start..i];
         let kind = if float {
-            NodeKind::Float(text.parse().map_err(|_| self.err(start, i, "invalid number"))?)
+            NodeKind::Float(
+                text.parse()
+                    .map_err(|_| self.err(start, i, "invalid number"))?,
+            )
         } else {
             match text.parse::<i64>() {
                 Ok(n) => NodeKind::Int(n),
                 // Integers beyond 64 bits are kept approximately, as JSON readers do.
-                Err(_) => NodeKind::Float(text.parse().map_err(|_| self.err(start, i, "invalid number"))?),
+                Err(_) => NodeKind::Float(
+                    text.parse()
+                        .map_err(|_| self.err(start, i, "invalid number"))?,
+                ),
             }
         };
         Ok(Node {
@@ -212,7 +235,11 @@ impl<'a> Reader<'a> {
             Some(i) if rest[i] == b'"' => {
                 let s = &self.text[content..content + i];
                 if let Some(c) = s.bytes().position(|c| c < 0x20) {
-                    return Err(self.err(content + c, content + c + 1, "control characters must be escaped in strings"));
+                    return Err(self.err(
+                        content + c,
+                        content + c + 1,
+                        "control characters must be escaped in strings",
+                    ));
                 }
                 self.pos = content + i + 1;
                 return Ok((s.to_owned(), StrStyle::Verbatim(content as u32)));
@@ -228,7 +255,11 @@ impl<'a> Reader<'a> {
             };
             let chunk = &self.text[i..i + j];
             if let Some(c) = chunk.bytes().position(|c| c < 0x20) {
-                return Err(self.err(i + c, i + c + 1, "control characters must be escaped in strings"));
+                return Err(self.err(
+                    i + c,
+                    i + c + 1,
+                    "control characters must be escaped in strings",
+                ));
             }
             out.push_str(chunk);
             i += j;
@@ -270,22 +301,36 @@ impl<'a> Reader<'a> {
                         None => return Err(self.err(esc, i + 1, "invalid unicode escape")),
                     }
                 }
-                _ => return Err(self.err(esc, (esc + 2).min(self.b.len()), "invalid escape sequence")),
+                _ => {
+                    return Err(self.err(
+                        esc,
+                        (esc + 2).min(self.b.len()),
+                        "invalid escape sequence",
+                    ));
+                }
             }
             i += 1;
         }
     }
 
     fn hex4(&self, at: usize) -> Result<u32> {
-        let digits = self.b.get(at..at + 4).ok_or_else(|| self.err(at - 2, self.b.len(), "truncated unicode escape"))?;
-        let s = std::str::from_utf8(digits).map_err(|_| self.err(at - 2, at + 4, "invalid unicode escape"))?;
+        let digits = self
+            .b
+            .get(at..at + 4)
+            .ok_or_else(|| self.err(at - 2, self.b.len(), "truncated unicode escape"))?;
+        let s = std::str::from_utf8(digits)
+            .map_err(|_| self.err(at - 2, at + 4, "invalid unicode escape"))?;
         u32::from_str_radix(s, 16).map_err(|_| self.err(at - 2, at + 4, "invalid unicode escape"))
     }
 
     fn enter(&mut self) -> Result<()> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(self.err(self.pos, self.pos + 1, format!("nesting deeper than {MAX_DEPTH} levels")));
+            return Err(self.err(
+                self.pos,
+                self.pos + 1,
+                format!("nesting deeper than {MAX_DEPTH} levels"),
+            ));
         }
         Ok(())
     }
@@ -373,7 +418,9 @@ mod tests {
 
     #[test]
     fn comments_and_trailing_commas() {
-        let (n, d) = parse("// lead\n{ /* c */ \"a\": [1, 2.5, true, null, \"x\",], \"b\": {\"c\": -3,}, }\n// end");
+        let (n, d) = parse(
+            "// lead\n{ /* c */ \"a\": [1, 2.5, true, null, \"x\",], \"b\": {\"c\": -3,}, }\n// end",
+        );
         assert!(d.is_empty(), "{d:?}");
         let n = n.unwrap();
         let m = n.as_map().unwrap();
@@ -387,12 +434,25 @@ mod tests {
         let n = n.unwrap();
         let m = n.as_map().unwrap();
         assert_eq!(m[0].1.as_str(), Some("q\"é😀\n"));
-        assert!(matches!(m[1].1.kind, NodeKind::Str(_, StrStyle::Verbatim(_))));
+        assert!(matches!(
+            m[1].1.kind,
+            NodeKind::Str(_, StrStyle::Verbatim(_))
+        ));
     }
 
     #[test]
     fn syntax_errors_have_positions() {
-        for bad in ["{", "{\"a\" 1}", "[1 2]", "{\"a\": tru}", "\"abc", "01", "{\"a\":1} x", "/* open", "[\"\\x\"]"] {
+        for bad in [
+            "{",
+            "{\"a\" 1}",
+            "[1 2]",
+            "{\"a\": tru}",
+            "\"abc",
+            "01",
+            "{\"a\":1} x",
+            "/* open",
+            "[\"\\x\"]",
+        ] {
             let (n, d) = parse(bad);
             assert!(n.is_none(), "{bad}");
             assert_eq!(d, ["T0104"], "{bad}");

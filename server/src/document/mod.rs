@@ -8,7 +8,7 @@
 mod json;
 mod yaml;
 
-use crate::diag::{codes, Diagnostic, Diagnostics};
+use crate::diag::{Diagnostic, Diagnostics, codes};
 use crate::source::{FileId, SourceMap, Span};
 
 pub use json::parse_json;
@@ -123,7 +123,12 @@ impl Format {
 
 /// Parses a loaded file into a node tree. `None` when nothing usable was read;
 /// the reasons are in `diags`.
-pub fn parse(sources: &SourceMap, file: FileId, format: Format, diags: &mut Diagnostics) -> Option<Node> {
+pub fn parse(
+    sources: &SourceMap,
+    file: FileId,
+    format: Format,
+    diags: &mut Diagnostics,
+) -> Option<Node> {
     let text = &sources.get(file).text;
     if text.trim().is_empty() {
         diags.push(Diagnostic::new(
@@ -186,7 +191,9 @@ fn check_duplicate_keys(entries: &mut Vec<(Key, Node)>, diags: &mut Diagnostics)
     let mut dup = vec![false; entries.len()];
     if entries.len() <= 16 {
         for i in 1..entries.len() {
-            dup[i] = entries[..i].iter().any(|(p, _)| p.name == entries[i].0.name);
+            dup[i] = entries[..i]
+                .iter()
+                .any(|(p, _)| p.name == entries[i].0.name);
         }
     } else {
         let mut seen = std::collections::HashSet::with_capacity(entries.len());
@@ -203,8 +210,12 @@ fn check_duplicate_keys(entries: &mut Vec<(Key, Node)>, diags: &mut Diagnostics)
         i += 1;
         if is_dup {
             diags.push(
-                Diagnostic::new(&codes::DUPLICATE_KEY, k.span, format!("duplicate key `{}`", k.name))
-                    .with_hint("a name may appear once in a mapping; the first definition is used"),
+                Diagnostic::new(
+                    &codes::DUPLICATE_KEY,
+                    k.span,
+                    format!("duplicate key `{}`", k.name),
+                )
+                .with_hint("a name may appear once in a mapping; the first definition is used"),
             );
         }
         !is_dup

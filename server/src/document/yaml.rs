@@ -6,8 +6,8 @@
 //! Plain scalars are typed with the YAML 1.2 core schema, so `2023-04-20`
 //! stays a string, as the specification's examples expect.
 
-use super::{check_duplicate_keys, Key, Node, NodeKind, StrStyle, MAX_DEPTH};
-use crate::diag::{codes, Diagnostic, Diagnostics};
+use super::{Key, MAX_DEPTH, Node, NodeKind, StrStyle, check_duplicate_keys};
+use crate::diag::{Diagnostic, Diagnostics, codes};
 use crate::source::{FileId, Span};
 use saphyr_parser::{Event, Parser, ScalarStyle};
 
@@ -102,11 +102,14 @@ pub fn parse_yaml(text: &str, file: FileId, diags: &mut Diagnostics) -> Option<N
                 continue;
             }
             Event::Alias(_) => {
-                diags.push(Diagnostic::new(
-                    &codes::YAML_ANCHOR,
-                    here,
-                    "YAML aliases are not supported in blueprints",
-                ).with_hint("use a value (`values:`) and `${values.name}` to share data"));
+                diags.push(
+                    Diagnostic::new(
+                        &codes::YAML_ANCHOR,
+                        here,
+                        "YAML aliases are not supported in blueprints",
+                    )
+                    .with_hint("use a value (`values:`) and `${values.name}` to share data"),
+                );
                 Node {
                     kind: NodeKind::Null,
                     span: here,
@@ -116,7 +119,9 @@ pub fn parse_yaml(text: &str, file: FileId, diags: &mut Diagnostics) -> Option<N
                 check_anchor_and_tag(anchor, tag.is_some(), here, diags);
                 scalar(text, value.into_owned(), style, here)
             }
-            Event::SequenceStart(anchor, tag) | Event::MappingStart(anchor, tag) if stack.len() >= MAX_DEPTH => {
+            Event::SequenceStart(anchor, tag) | Event::MappingStart(anchor, tag)
+                if stack.len() >= MAX_DEPTH =>
+            {
                 let _ = (anchor, tag);
                 diags.push(Diagnostic::new(
                     &codes::NESTING_TOO_DEEP,
@@ -145,7 +150,11 @@ pub fn parse_yaml(text: &str, file: FileId, diags: &mut Diagnostics) -> Option<N
                 continue;
             }
             Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
-                Some(Frame::List { items, start: s, end: e }) => Node {
+                Some(Frame::List {
+                    items,
+                    start: s,
+                    end: e,
+                }) => Node {
                     kind: NodeKind::List(items),
                     span: Span::new(file, s, e.max(end)),
                 },
@@ -201,12 +210,20 @@ pub fn parse_yaml(text: &str, file: FileId, diags: &mut Diagnostics) -> Option<N
 fn check_anchor_and_tag(anchor: usize, tagged: bool, at: Span, diags: &mut Diagnostics) {
     if anchor != 0 {
         diags.push(
-            Diagnostic::new(&codes::YAML_ANCHOR, at, "YAML anchors are not supported in blueprints")
-                .with_hint("use a value (`values:`) and `${values.name}` to share data"),
+            Diagnostic::new(
+                &codes::YAML_ANCHOR,
+                at,
+                "YAML anchors are not supported in blueprints",
+            )
+            .with_hint("use a value (`values:`) and `${values.name}` to share data"),
         );
     }
     if tagged {
-        diags.push(Diagnostic::new(&codes::YAML_TAG, at, "YAML tags are not supported in blueprints"));
+        diags.push(Diagnostic::new(
+            &codes::YAML_TAG,
+            at,
+            "YAML tags are not supported in blueprints",
+        ));
     }
 }
 
@@ -233,7 +250,9 @@ fn key_of(node: Node, diags: &mut Diagnostics) -> Option<Key> {
 }
 
 fn scalar(text: &str, value: String, style: ScalarStyle, span: Span) -> Node {
-    let raw = text.get(span.start as usize..span.end as usize).unwrap_or("");
+    let raw = text
+        .get(span.start as usize..span.end as usize)
+        .unwrap_or("");
     let kind = match style {
         ScalarStyle::Plain => match resolve_plain(&value) {
             Some(kind) => kind,
@@ -271,13 +290,18 @@ fn resolve_plain(s: &str) -> Option<NodeKind> {
         "~" | "null" | "Null" | "NULL" => return Some(NodeKind::Null),
         "true" | "True" | "TRUE" => return Some(NodeKind::Bool(true)),
         "false" | "False" | "FALSE" => return Some(NodeKind::Bool(false)),
-        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Some(NodeKind::Float(f64::INFINITY)),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Some(NodeKind::Float(f64::INFINITY));
+        }
         "-.inf" | "-.Inf" | "-.INF" => return Some(NodeKind::Float(f64::NEG_INFINITY)),
         ".nan" | ".NaN" | ".NAN" => return Some(NodeKind::Float(f64::NAN)),
         _ => {}
     }
     let bytes = s.as_bytes();
-    let digits = bytes.strip_prefix(b"-").or_else(|| bytes.strip_prefix(b"+")).unwrap_or(bytes);
+    let digits = bytes
+        .strip_prefix(b"-")
+        .or_else(|| bytes.strip_prefix(b"+"))
+        .unwrap_or(bytes);
     if !digits.is_empty() && digits.iter().all(u8::is_ascii_digit) {
         // Out-of-range integers stay strings rather than losing precision.
         return s.parse::<i64>().ok().map(NodeKind::Int);
@@ -334,13 +358,23 @@ mod tests {
 
     #[test]
     fn core_schema_typing() {
-        let (n, d) = parse("a: 1\nb: 2.5\nc: true\nd: ~\ne: 2023-04-20\nf: '1'\ng: 0x1f\nh: 1e3\ni: .5\nj: 1.2.3\n");
+        let (n, d) = parse(
+            "a: 1\nb: 2.5\nc: true\nd: ~\ne: 2023-04-20\nf: '1'\ng: 0x1f\nh: 1e3\ni: .5\nj: 1.2.3\n",
+        );
         assert!(d.is_empty());
         let m = n.unwrap();
-        let kinds: Vec<_> = m.as_map().unwrap().iter().map(|(_, v)| v.type_name()).collect();
+        let kinds: Vec<_> = m
+            .as_map()
+            .unwrap()
+            .iter()
+            .map(|(_, v)| v.type_name())
+            .collect();
         assert_eq!(
             kinds,
-            ["integer", "float", "boolean", "null", "string", "string", "integer", "float", "float", "string"]
+            [
+                "integer", "float", "boolean", "null", "string", "string", "integer", "float",
+                "float", "string"
+            ]
         );
     }
 
@@ -365,9 +399,18 @@ mod tests {
         let (n, _) = parse("a: plain ${x}\nb: \"q${y}\"\nc: \"e\\\"${z}\"\n");
         let m = n.unwrap();
         let m = m.as_map().unwrap();
-        assert!(matches!(m[0].1.kind, NodeKind::Str(_, StrStyle::Verbatim(3))));
-        assert!(matches!(m[1].1.kind, NodeKind::Str(_, StrStyle::Verbatim(18))));
-        assert!(matches!(m[2].1.kind, NodeKind::Str(_, StrStyle::Transformed)));
+        assert!(matches!(
+            m[0].1.kind,
+            NodeKind::Str(_, StrStyle::Verbatim(3))
+        ));
+        assert!(matches!(
+            m[1].1.kind,
+            NodeKind::Str(_, StrStyle::Verbatim(18))
+        ));
+        assert!(matches!(
+            m[2].1.kind,
+            NodeKind::Str(_, StrStyle::Transformed)
+        ));
     }
 
     #[test]

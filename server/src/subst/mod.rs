@@ -11,7 +11,7 @@
 
 mod parser;
 
-pub use parser::{parse_expression, parse_template, SpanMap};
+pub use parser::{SpanMap, parse_expression, parse_template};
 
 use crate::source::Span;
 

@@ -1,7 +1,7 @@
 //! Recursive-descent parser for templates and substitution expressions.
 
 use super::{Accessor, Arg, Expr, ExprKind, Literal, Name, Part, Subst, Template};
-use crate::diag::{codes, Code, Diagnostic, Diagnostics};
+use crate::diag::{Code, Diagnostic, Diagnostics, codes};
 use crate::document::StrStyle;
 use crate::source::{FileId, Span};
 
@@ -160,7 +160,12 @@ pub fn parse_expression(s: &str, map: &SpanMap, diags: &mut Diagnostics) -> Opti
     let result = p.expr().and_then(|e| {
         p.skip_ws();
         if p.pos < p.b.len() {
-            Err(p.err(&codes::SUBST_SYNTAX, p.pos, p.pos + 1, "unexpected text after the expression"))
+            Err(p.err(
+                &codes::SUBST_SYNTAX,
+                p.pos,
+                p.pos + 1,
+                "unexpected text after the expression",
+            ))
         } else {
             Ok(e)
         }
@@ -208,7 +213,13 @@ fn is_name_char(c: u8) -> bool {
 }
 
 impl<'a> Parser<'a> {
-    fn err(&self, code: &'static Code, start: usize, end: usize, message: impl Into<String>) -> Error {
+    fn err(
+        &self,
+        code: &'static Code,
+        start: usize,
+        end: usize,
+        message: impl Into<String>,
+    ) -> Error {
         let mut end = end.min(self.b.len()).max(start.min(self.b.len()));
         while !self.s.is_char_boundary(end) {
             end += 1;
@@ -267,11 +278,21 @@ impl<'a> Parser<'a> {
         self.skip_ws();
         match self.peek() {
             None => {
-                return Err(self.err(&codes::SUBST_UNTERMINATED, open, open + 2, "`${` is never closed with `}`"));
+                return Err(self.err(
+                    &codes::SUBST_UNTERMINATED,
+                    open,
+                    open + 2,
+                    "`${` is never closed with `}`",
+                ));
             }
             Some(b'}') => {
                 self.pos += 1;
-                return Err(self.err(&codes::SUBST_EMPTY, open, self.pos, "empty substitution `${}`"));
+                return Err(self.err(
+                    &codes::SUBST_EMPTY,
+                    open,
+                    self.pos,
+                    "empty substitution `${}`",
+                ));
             }
             _ => {}
         }
@@ -285,7 +306,12 @@ impl<'a> Parser<'a> {
                     span: self.span(open),
                 })
             }
-            None => Err(self.err(&codes::SUBST_UNTERMINATED, open, open + 2, "`${` is never closed with `}`")),
+            None => Err(self.err(
+                &codes::SUBST_UNTERMINATED,
+                open,
+                open + 2,
+                "`${` is never closed with `}`",
+            )),
             _ => Err(self.unexpected("`}` to close the substitution")),
         }
     }
@@ -339,7 +365,12 @@ impl<'a> Parser<'a> {
         let mut out = String::new();
         loop {
             let Some(j) = memchr::memchr2(b'"', b'\\', &self.b[self.pos..]) else {
-                return Err(self.err(&codes::SUBST_BAD_LITERAL, open, self.b.len(), "string literal is never closed with `\"`"));
+                return Err(self.err(
+                    &codes::SUBST_BAD_LITERAL,
+                    open,
+                    self.b.len(),
+                    "string literal is never closed with `\"`",
+                ));
             };
             out.push_str(&self.s[self.pos..self.pos + j]);
             self.pos += j;
@@ -433,7 +464,8 @@ impl<'a> Parser<'a> {
                     Some(b'"') => {
                         let inner = self.pos + 1;
                         let text = self.string_literal()?;
-                        let bad = text.is_empty() || !text.bytes().all(|c| is_name_char(c) || c == b'.');
+                        let bad =
+                            text.is_empty() || !text.bytes().all(|c| is_name_char(c) || c == b'.');
                         if bad {
                             return Err(self.err(
                                 &codes::SUBST_BAD_REFERENCE,
@@ -454,7 +486,12 @@ impl<'a> Parser<'a> {
                         }
                         let digits = &self.s[ds..self.pos];
                         let n = digits.parse::<u64>().map_err(|_| {
-                            self.err(&codes::SUBST_BAD_LITERAL, ds, self.pos, format!("index `{digits}` is out of range"))
+                            self.err(
+                                &codes::SUBST_BAD_LITERAL,
+                                ds,
+                                self.pos,
+                                format!("index `{digits}` is out of range"),
+                            )
                         })?;
                         self.skip_ws();
                         Accessor::Index(Some(n), self.map.span(open, self.pos + 1))
@@ -488,7 +525,10 @@ impl<'a> Parser<'a> {
             "variables" => {
                 let name = self.required_name_accessor("variables")?;
                 if !self.accessors()?.is_empty() {
-                    return Err(self.bad_ref(start, "a variable has no fields or elements: variables are scalars"));
+                    return Err(self.bad_ref(
+                        start,
+                        "a variable has no fields or elements: variables are scalars",
+                    ));
                 }
                 ExprKind::Variable(name)
             }
@@ -502,7 +542,10 @@ impl<'a> Parser<'a> {
                 let mut rest = self.accessors()?.into_iter();
                 let index = rest.next();
                 if let Some(Accessor::Field(_)) = &index {
-                    return Err(self.bad_ref(start, "a data source field can only be followed by an index such as `[0]`"));
+                    return Err(self.bad_ref(
+                        start,
+                        "a data source field can only be followed by an index such as `[0]`",
+                    ));
                 }
                 if rest.next().is_some() {
                     return Err(self.bad_ref(start, "a data source field can only be indexed once"));
@@ -513,7 +556,10 @@ impl<'a> Parser<'a> {
                 let name = self.required_name_accessor("children")?;
                 let path = self.accessors()?;
                 if path.is_empty() {
-                    return Err(self.bad_ref(start, "a child reference needs the exported field: `children.name.field`"));
+                    return Err(self.bad_ref(
+                        start,
+                        "a child reference needs the exported field: `children.name.field`",
+                    ));
                 }
                 ExprKind::Child(name, path)
             }
@@ -595,7 +641,11 @@ impl<'a> Parser<'a> {
                     self.pos += 1;
                     break;
                 }
-                _ => return Err(self.unexpected(&format!("`,` or `)` in the call to `{}`", name.text))),
+                _ => {
+                    return Err(
+                        self.unexpected(&format!("`,` or `)` in the call to `{}`", name.text))
+                    );
+                }
             }
         }
         let path = self.accessors()?;
@@ -634,34 +684,63 @@ mod tests {
     fn references() {
         assert!(matches!(expr("variables.env"), ExprKind::Variable(n) if n.text == "env"));
         assert!(matches!(expr("variables[\"a.b\"]"), ExprKind::Variable(n) if n.text == "a.b"));
-        assert!(matches!(expr("values.cfg.buckets[0].name"), ExprKind::Value(n, p) if n.text == "cfg" && p.len() == 3));
-        assert!(matches!(expr("datasources.net.subnets[]"), ExprKind::DataSource { index: Some(Accessor::Index(None, _)), .. }));
+        assert!(
+            matches!(expr("values.cfg.buckets[0].name"), ExprKind::Value(n, p) if n.text == "cfg" && p.len() == 3)
+        );
+        assert!(matches!(
+            expr("datasources.net.subnets[]"),
+            ExprKind::DataSource {
+                index: Some(Accessor::Index(None, _)),
+                ..
+            }
+        ));
         assert!(matches!(expr("children.core.topic.arn"), ExprKind::Child(_, p) if p.len() == 2));
-        assert!(matches!(expr("resources.fn.spec.x"), ExprKind::Resource { prefixed: true, .. }));
-        assert!(matches!(expr("fn.metadata.annotations[\"a.b\"]"), ExprKind::Resource { prefixed: false, .. }));
+        assert!(matches!(
+            expr("resources.fn.spec.x"),
+            ExprKind::Resource { prefixed: true, .. }
+        ));
+        assert!(matches!(
+            expr("fn.metadata.annotations[\"a.b\"]"),
+            ExprKind::Resource {
+                prefixed: false,
+                ..
+            }
+        ));
         assert!(matches!(expr("elem[\"config\"].attrs[0]"), ExprKind::Elem(p) if p.len() == 3));
         assert!(matches!(expr("i"), ExprKind::ElemIndex));
-        assert!(matches!(expr("resources.buckets[1].spec.name"), ExprKind::Resource { path, .. } if path.len() == 3));
+        assert!(
+            matches!(expr("resources.buckets[1].spec.name"), ExprKind::Resource { path, .. } if path.len() == 3)
+        );
     }
 
     #[test]
     fn calls_and_literals() {
         let k = expr("map(variables.x, trimprefix_g(\"http://\"))[0]");
-        let ExprKind::Call { name, args, path } = k else { panic!() };
+        let ExprKind::Call { name, args, path } = k else {
+            panic!()
+        };
         assert_eq!(name.text, "map");
         assert_eq!(args.len(), 2);
         assert_eq!(path.len(), 1);
         let k = expr("object(id = \"a\\\"b\", n = -3, f = 1.5, ok = true)");
-        let ExprKind::Call { args, .. } = k else { panic!() };
+        let ExprKind::Call { args, .. } = k else {
+            panic!()
+        };
         assert_eq!(args[0].name.as_ref().unwrap().text, "id");
-        assert_eq!(args[0].value.kind, ExprKind::Lit(Literal::Str("a\"b".into())));
+        assert_eq!(
+            args[0].value.kind,
+            ExprKind::Lit(Literal::Str("a\"b".into()))
+        );
         assert_eq!(args[1].value.kind, ExprKind::Lit(Literal::Int(-3)));
         assert_eq!(args[2].value.kind, ExprKind::Lit(Literal::Float(1.5)));
         assert_eq!(args[3].value.kind, ExprKind::Lit(Literal::Bool(true)));
         // Multi-line calls, as in the specification's examples.
         let k = expr("list(\n  resources.a.spec.name,\n  resources.b.spec.name\n)");
         assert!(matches!(k, ExprKind::Call { args, .. } if args.len() == 2));
-        assert!(matches!(expr("replace(x.spec.a, \"}\", \"\")"), ExprKind::Call { .. }));
+        assert!(matches!(
+            expr("replace(x.spec.a, \"}\", \"\")"),
+            ExprKind::Call { .. }
+        ));
     }
 
     #[test]
@@ -674,7 +753,10 @@ mod tests {
         assert_eq!(parse("${f(1,}").1, ["T0202"]);
         assert_eq!(parse("${99999999999999999999}").1, ["T0204"]);
         assert_eq!(parse("${\"open}").1, ["T0204"]);
-        assert_eq!(parse("${a b} and ${c..d} and ${ok.spec.x}").1, ["T0202", "T0202"]);
+        assert_eq!(
+            parse("${a b} and ${c..d} and ${ok.spec.x}").1,
+            ["T0202", "T0202"]
+        );
         let (t, _) = parse("${a b} and ${ok.spec.x}");
         assert_eq!(t.substitutions().count(), 1);
     }
@@ -688,7 +770,9 @@ mod tests {
         assert!(s.is_none());
         let sub = t.substitutions().next().unwrap();
         assert_eq!((sub.span.start, sub.span.end), (102, 118));
-        let ExprKind::Variable(n) = &sub.expr.kind else { panic!() };
+        let ExprKind::Variable(n) = &sub.expr.kind else {
+            panic!()
+        };
         assert_eq!((n.span.start, n.span.end), (114, 117));
     }
 

@@ -5,9 +5,9 @@
 //! component, naming its members in cycle order starting from the one
 //! declared first. Same input, same report, byte for byte.
 
-use super::refs::{describe, name_span, Graph, NodeRef};
+use super::refs::{Graph, NodeRef, describe, name_span};
 use crate::blueprint::Blueprint;
-use crate::diag::{codes, Diagnostic, Diagnostics};
+use crate::diag::{Diagnostic, Diagnostics, codes};
 
 /// Strongly connected components, each sorted by declaration order; the
 /// list itself is ordered by each component's first member.
@@ -71,7 +71,11 @@ pub fn strongly_connected(edges: &[Vec<(usize, crate::source::Span)>]) -> Vec<Ve
 
 /// One cycle through `start` inside `members`, following edges in the order
 /// they were written; returns the nodes in order (without repeating start).
-fn cycle_through(start: usize, members: &[usize], edges: &[Vec<(usize, crate::source::Span)>]) -> Vec<usize> {
+fn cycle_through(
+    start: usize,
+    members: &[usize],
+    edges: &[Vec<(usize, crate::source::Span)>],
+) -> Vec<usize> {
     let inside = |x: usize| members.binary_search(&x).is_ok();
     let mut path = vec![start];
     let mut visited = vec![false; edges.len()];
@@ -110,7 +114,10 @@ pub fn report_cycles(bp: &Blueprint, graph: &Graph, diags: &mut Diagnostics) {
             continue;
         }
         let cycle = cycle_through(first, &comp, &graph.edges);
-        let names: Vec<String> = cycle.iter().map(|&i| describe(bp, graph.nodes[i])).collect();
+        let names: Vec<String> = cycle
+            .iter()
+            .map(|&i| describe(bp, graph.nodes[i]))
+            .collect();
         let mut message = if cycle.len() == 1 {
             format!("{} references itself", names[0])
         } else {

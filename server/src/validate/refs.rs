@@ -4,9 +4,9 @@
 
 use super::Options;
 use crate::blueprint::{Blueprint, Resource, Spanned};
-use crate::diag::{codes, did_you_mean, Code, Diagnostic, Diagnostics};
+use crate::diag::{Code, Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::source::{SourceFile, Span};
-use crate::subst::{parse_expression, Accessor, Expr, ExprKind, Name, SpanMap, Template};
+use crate::subst::{Accessor, Expr, ExprKind, Name, SpanMap, Template, parse_expression};
 use std::collections::HashMap;
 
 /// The things that can depend on each other, numbered in declaration order:
@@ -31,8 +31,18 @@ pub struct Graph {
 
 impl Graph {
     fn new(bp: &Blueprint) -> Graph {
-        let counts = [bp.values.len(), bp.datasources.len(), bp.resources.len(), bp.include.len()];
-        let offsets = [0, counts[0], counts[0] + counts[1], counts[0] + counts[1] + counts[2]];
+        let counts = [
+            bp.values.len(),
+            bp.datasources.len(),
+            bp.resources.len(),
+            bp.include.len(),
+        ];
+        let offsets = [
+            0,
+            counts[0],
+            counts[0] + counts[1],
+            counts[0] + counts[1] + counts[2],
+        ];
         let mut nodes = Vec::with_capacity(counts.iter().sum());
         nodes.extend((0..counts[0]).map(NodeRef::Value));
         nodes.extend((0..counts[1]).map(NodeRef::DataSource));
@@ -99,7 +109,10 @@ struct Checker<'a, 'o> {
     collect: Option<Vec<(usize, Span)>>,
 }
 
-fn table<'a, T>(items: &'a [T], name: impl Fn(&'a T) -> &'a Spanned<String>) -> HashMap<&'a str, usize> {
+fn table<'a, T>(
+    items: &'a [T],
+    name: impl Fn(&'a T) -> &'a Spanned<String>,
+) -> HashMap<&'a str, usize> {
     let mut m = HashMap::with_capacity(items.len());
     for (i, it) in items.iter().enumerate() {
         m.entry(name(it).value.as_str()).or_insert(i);
@@ -107,7 +120,12 @@ fn table<'a, T>(items: &'a [T], name: impl Fn(&'a T) -> &'a Spanned<String>) -> 
     m
 }
 
-pub fn check(bp: &Blueprint, src: &SourceFile, opts: &Options<'_>, diags: &mut Diagnostics) -> Graph {
+pub fn check(
+    bp: &Blueprint,
+    src: &SourceFile,
+    opts: &Options<'_>,
+    diags: &mut Diagnostics,
+) -> Graph {
     let mut c = Checker {
         bp,
         opts,
@@ -243,7 +261,12 @@ impl<'a> Checker<'a, '_> {
 
     fn unknown(&mut self, code: &'static Code, kind: &str, name: &Name, candidates: Vec<&str>) {
         let hint = did_you_mean(&name.text, candidates).map(|s| format!("did you mean `{s}`?"));
-        self.push(code, name.span, format!("unknown {kind} `{}`", name.text), hint);
+        self.push(
+            code,
+            name.span,
+            format!("unknown {kind} `{}`", name.text),
+            hint,
+        );
     }
 
     fn expr(&mut self, e: &Expr, ctx: Ctx<'_>) {
@@ -278,7 +301,10 @@ impl<'a> Checker<'a, '_> {
                         self.push(
                             &codes::UNKNOWN_DATASOURCE_FIELD,
                             field.span,
-                            format!("data source `{}` does not export `{}`", name.text, field.text),
+                            format!(
+                                "data source `{}` does not export `{}`",
+                                name.text, field.text
+                            ),
                             hint,
                         );
                     }
@@ -307,10 +333,18 @@ impl<'a> Checker<'a, '_> {
                     self.unknown(&codes::UNKNOWN_CHILD, "child blueprint", n, cands);
                 }
             },
-            ExprKind::Resource { name, path, prefixed } => self.resource_ref(e, name, path, *prefixed, ctx),
+            ExprKind::Resource {
+                name,
+                path,
+                prefixed,
+            } => self.resource_ref(e, name, path, *prefixed, ctx),
             ExprKind::Elem(_) | ExprKind::ElemIndex => {
                 if !ctx.in_each {
-                    let what = if matches!(e.kind, ExprKind::ElemIndex) { "i" } else { "elem" };
+                    let what = if matches!(e.kind, ExprKind::ElemIndex) {
+                        "i"
+                    } else {
+                        "elem"
+                    };
                     self.push(
                         &codes::ELEM_OUTSIDE_EACH,
                         e.span,
@@ -324,7 +358,8 @@ impl<'a> Checker<'a, '_> {
                 match sig {
                     None => {
                         let names = self.opts.functions.names();
-                        let hint = did_you_mean(&name.text, names.iter().copied()).map(|s| format!("did you mean `{s}`?"));
+                        let hint = did_you_mean(&name.text, names.iter().copied())
+                            .map(|s| format!("did you mean `{s}`?"));
                         self.push(
                             &codes::UNKNOWN_FUNCTION,
                             name.span,
@@ -350,7 +385,10 @@ impl<'a> Checker<'a, '_> {
                                 None,
                             );
                         }
-                        if sig.returns == crate::functions::Ty::Func && ctx.arg_of.is_none() && path.is_empty() {
+                        if sig.returns == crate::functions::Ty::Func
+                            && ctx.arg_of.is_none()
+                            && path.is_empty()
+                        {
                             self.push(
                                 &codes::FUNCTION_VALUE,
                                 e.span,
@@ -371,7 +409,14 @@ impl<'a> Checker<'a, '_> {
         }
     }
 
-    fn resource_ref(&mut self, e: &Expr, name: &Name, path: &[Accessor], prefixed: bool, ctx: Ctx<'_>) {
+    fn resource_ref(
+        &mut self,
+        e: &Expr,
+        name: &Name,
+        path: &[Accessor],
+        prefixed: bool,
+        ctx: Ctx<'_>,
+    ) {
         let found = self.resources.get(name.text.as_str()).copied();
         if path.is_empty() {
             // `link(a, b)` takes resources themselves.
@@ -387,7 +432,10 @@ impl<'a> Checker<'a, '_> {
                     self.push(
                         &codes::FUNCTION_VALUE,
                         e.span,
-                        format!("`{}` is a function; a function can only be passed to another function", name.text),
+                        format!(
+                            "`{}` is a function; a function can only be passed to another function",
+                            name.text
+                        ),
                         Some(format!("call it: `{}(..)`", name.text)),
                     );
                 }
@@ -399,14 +447,23 @@ impl<'a> Checker<'a, '_> {
             if !prefixed {
                 cands.extend(self.opts.functions.names());
             }
-            let kind = if prefixed { "resource" } else { "resource or function" };
+            let kind = if prefixed {
+                "resource"
+            } else {
+                "resource or function"
+            };
             let mut hint = did_you_mean(&name.text, cands).map(|s| format!("did you mean `{s}`?"));
             if !prefixed && hint.is_none() {
                 hint = Some(
                     "a name without a prefix is a resource; use `variables.`, `values.`, `datasources.` or `children.` for the others".into(),
                 );
             }
-            self.push(&codes::UNKNOWN_RESOURCE, name.span, format!("unknown {kind} `{}`", name.text), hint);
+            self.push(
+                &codes::UNKNOWN_RESOURCE,
+                name.span,
+                format!("unknown {kind} `{}`", name.text),
+                hint,
+            );
             return;
         };
         self.edge(ctx, NodeRef::Resource(i), e.span);
@@ -420,7 +477,10 @@ impl<'a> Checker<'a, '_> {
                     self.push(
                         &codes::RESOURCE_INDEX,
                         e.span,
-                        format!("resource `{}` is a template with `each`: pick an element", name.text),
+                        format!(
+                            "resource `{}` is a template with `each`: pick an element",
+                            name.text
+                        ),
                         Some(format!("for example `resources.{}[0].spec..`", name.text)),
                     );
                     return;
@@ -430,7 +490,10 @@ impl<'a> Checker<'a, '_> {
             self.push(
                 &codes::RESOURCE_INDEX,
                 ix.span(),
-                format!("resource `{}` has no `each`, so it cannot be indexed", name.text),
+                format!(
+                    "resource `{}` has no `each`, so it cannot be indexed",
+                    name.text
+                ),
                 None,
             );
             return;
@@ -508,7 +571,10 @@ impl<'a> Checker<'a, '_> {
 
     /// An export `field` is a plain reference, written without `${..}`.
     fn export_field(&mut self, field: &Spanned<String>, src: &SourceFile, ctx: Ctx<'_>) {
-        let quoted = matches!(src.text.as_bytes().get(field.span.start as usize), Some(b'"' | b'\''));
+        let quoted = matches!(
+            src.text.as_bytes().get(field.span.start as usize),
+            Some(b'"' | b'\'')
+        );
         let start = field.span.start + u32::from(quoted);
         let map = SpanMap::verbatim(field.span.file, start);
         let mut local = Diagnostics::default();
@@ -526,7 +592,11 @@ impl<'a> Checker<'a, '_> {
         match reference {
             Some(e) => self.expr(&e, ctx),
             None => {
-                let detail = local.items.first().map(|d| format!(" ({})", d.message)).unwrap_or_default();
+                let detail = local
+                    .items
+                    .first()
+                    .map(|d| format!(" ({})", d.message))
+                    .unwrap_or_default();
                 self.push(
                     &codes::EXPORT_FIELD,
                     field.span,

@@ -2,7 +2,7 @@
 
 use super::Options;
 use crate::blueprint::{Blueprint, Scalar, Spanned, Variable};
-use crate::diag::{codes, did_you_mean, Diagnostic, Diagnostics};
+use crate::diag::{Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::source::Span;
 use crate::subst::Part;
 
@@ -56,7 +56,10 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
                     Diagnostic::new(
                         &codes::DATASOURCE_TYPE,
                         ty.span,
-                        format!("data source type `{}` is not of the form `{{provider}}/{{type}}`", ty.value),
+                        format!(
+                            "data source type `{}` is not of the form `{{provider}}/{{type}}`",
+                            ty.value
+                        ),
                     )
                     .with_hint("for example `aws/vpc`"),
                 );
@@ -72,7 +75,9 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
                     );
                     diag = match did_you_mean(&op.value, FILTER_OPERATORS.iter().copied()) {
                         Some(s) => diag.with_hint(format!("did you mean `{s}`?")),
-                        None => diag.with_hint(format!("operators: {}", FILTER_OPERATORS.join(", "))),
+                        None => {
+                            diag.with_hint(format!("operators: {}", FILTER_OPERATORS.join(", ")))
+                        }
                     };
                     diags.push(diag);
                 }
@@ -98,7 +103,10 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
                     diag = if ty.value == "object" {
                         diag.with_hint("data sources export primitives or arrays of primitives; export the nested fields with dot paths")
                     } else {
-                        diag.with_hint(format!("expected one of: {}", DATASOURCE_EXPORT_TYPES.join(", ")))
+                        diag.with_hint(format!(
+                            "expected one of: {}",
+                            DATASOURCE_EXPORT_TYPES.join(", ")
+                        ))
                     };
                     diags.push(diag);
                 }
@@ -158,7 +166,11 @@ fn unknown_type(
     let mut d = Diagnostic::new(
         code,
         ty.span,
-        format!("`{}` is not {} type", ty.value, crate::blueprint::article_of(what)),
+        format!(
+            "`{}` is not {} type",
+            ty.value,
+            crate::blueprint::article_of(what)
+        ),
     );
     d = match did_you_mean(&ty.value, allowed.iter().copied()) {
         Some(s) => d.with_hint(format!("did you mean `{s}`?")),
@@ -171,9 +183,11 @@ fn unknown_type(
 pub fn is_type_path(s: &str, min: usize, max: usize) -> bool {
     let segments: Vec<&str> = s.split('/').collect();
     (min..=max).contains(&segments.len())
-        && segments
-            .iter()
-            .all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-'))
+        && segments.iter().all(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        })
 }
 
 fn is_custom_type(ty: &str) -> bool {
@@ -195,7 +209,9 @@ fn fits(ty: &str, v: &Scalar) -> bool {
 
 fn scalar_eq(a: &Scalar, b: &Scalar) -> bool {
     match (a, b) {
-        (Scalar::Int(x), Scalar::Float(y)) | (Scalar::Float(y), Scalar::Int(x)) => (*x as f64) == *y,
+        (Scalar::Int(x), Scalar::Float(y)) | (Scalar::Float(y), Scalar::Int(x)) => {
+            (*x as f64) == *y
+        }
         _ => a == b,
     }
 }
@@ -211,12 +227,18 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
         );
         d = match did_you_mean(t, VARIABLE_TYPES.iter().copied()) {
             Some(s) => d.with_hint(format!("did you mean `{s}`?")),
-            None => d.with_hint("expected string, integer, float, boolean or a custom type `{provider}/{type}`"),
+            None => d.with_hint(
+                "expected string, integer, float, boolean or a custom type `{provider}/{type}`",
+            ),
         };
         diags.push(d);
         return;
     }
-    let label = if is_custom_type(t) { format!("{t} (an option label)") } else { t.to_owned() };
+    let label = if is_custom_type(t) {
+        format!("{t} (an option label)")
+    } else {
+        t.to_owned()
+    };
     if let Some(def) = &v.default {
         if !fits(t, &def.value) {
             diags.push(
@@ -230,7 +252,11 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
                         def.value.render()
                     ),
                 )
-                .with_hint(if matches!(def.value, Scalar::Str(_)) { "remove the quotes" } else { "quote it to make it a string" }),
+                .with_hint(if matches!(def.value, Scalar::Str(_)) {
+                    "remove the quotes"
+                } else {
+                    "quote it to make it a string"
+                }),
             );
         }
     }
@@ -261,7 +287,11 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
             }
         }
         if let Some(def) = &v.default {
-            if !allowed.value.iter().any(|a| scalar_eq(&a.value, &def.value)) {
+            if !allowed
+                .value
+                .iter()
+                .any(|a| scalar_eq(&a.value, &def.value))
+            {
                 let list: Vec<String> = allowed.value.iter().map(|a| a.value.render()).collect();
                 diags.push(
                     Diagnostic::new(
@@ -284,7 +314,12 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
 pub fn parse_input(ty: &str, text: &str) -> Option<Scalar> {
     match ty {
         "integer" => text.trim().parse().ok().map(Scalar::Int),
-        "float" => text.trim().parse::<f64>().ok().filter(|f| f.is_finite()).map(Scalar::Float),
+        "float" => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .map(Scalar::Float),
         "boolean" => match text.trim() {
             "true" => Some(Scalar::Bool(true)),
             "false" => Some(Scalar::Bool(false)),
@@ -303,7 +338,8 @@ fn supplied_variables(bp: &Blueprint, supplied: &[(String, String)], diags: &mut
                 at,
                 format!("--var {name}: the blueprint declares no variable `{name}`"),
             );
-            if let Some(s) = did_you_mean(name, bp.variables.iter().map(|v| v.name.value.as_str())) {
+            if let Some(s) = did_you_mean(name, bp.variables.iter().map(|v| v.name.value.as_str()))
+            {
                 d = d.with_hint(format!("did you mean `{s}`?"));
             }
             diags.push(d);
@@ -314,7 +350,11 @@ fn supplied_variables(bp: &Blueprint, supplied: &[(String, String)], diags: &mut
             diags.push(Diagnostic::new(
                 &codes::VARIABLE_INPUT,
                 var.name.span,
-                format!("--var {name}: `{}` is not a valid {}", mask(var, text), ty.value),
+                format!(
+                    "--var {name}: `{}` is not a valid {}",
+                    mask(var, text),
+                    ty.value
+                ),
             ));
             continue;
         };
@@ -325,7 +365,10 @@ fn supplied_variables(bp: &Blueprint, supplied: &[(String, String)], diags: &mut
                     Diagnostic::new(
                         &codes::VARIABLE_INPUT,
                         var.name.span,
-                        format!("--var {name}: `{}` is not one of the allowed values", mask(var, text)),
+                        format!(
+                            "--var {name}: `{}` is not one of the allowed values",
+                            mask(var, text)
+                        ),
                     )
                     .with_hint(format!("allowed: {}", list.join(", "))),
                 );
@@ -372,12 +415,18 @@ fn value_shape(ty: &str, t: &crate::subst::Template, name: &str, diags: &mut Dia
     };
     if !ok {
         let hint = match ty {
-            "array" | "object" => format!("{ty}s come from a substitution, e.g. `${{list(..)}}` or `${{jsondecode(..)}}`"),
-            _ => format!("write {} such as {}", crate::blueprint::article_of(ty), match ty {
-                "integer" => "\"3\"",
-                "float" => "\"2.5\"",
-                _ => "\"true\"",
-            }),
+            "array" | "object" => format!(
+                "{ty}s come from a substitution, e.g. `${{list(..)}}` or `${{jsondecode(..)}}`"
+            ),
+            _ => format!(
+                "write {} such as {}",
+                crate::blueprint::article_of(ty),
+                match ty {
+                    "integer" => "\"3\"",
+                    "float" => "\"2.5\"",
+                    _ => "\"true\"",
+                }
+            ),
         };
         diags.push(
             Diagnostic::new(
