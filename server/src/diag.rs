@@ -119,6 +119,16 @@ registry! {
 
     // T06xx: the dependency graph.
     REFERENCE_CYCLE = "T0601" "reference-cycle" Error "Values, resources, data sources or children depend on each other in a cycle.";
+
+    // T07xx: types and evaluation.
+    ARGUMENT_TYPE = "T0701" "argument-type" Error "A function argument has the wrong type.";
+    CONDITION_TYPE = "T0702" "condition-type" Error "A resource condition does not yield a boolean.";
+    EACH_TYPE = "T0703" "each-type" Error "`each` does not yield an array.";
+    VALUE_TYPE_MISMATCH = "T0704" "value-type-mismatch" Error "A value's substitution yields a different type than the value declares.";
+    INTERPOLATE_COMPLEX = "T0705" "interpolate-complex" Error "An array, object or function is interpolated into a longer string.";
+    EXPORT_TYPE_MISMATCH = "T0706" "export-type-mismatch" Error "An export's declared type differs from the type of the field it exports.";
+    VARIABLE_REQUIRED = "T0707" "variable-required" Error "A variable without a default was given no value.";
+    EVALUATION = "T0708" "evaluation" Error "Evaluating a substitution failed (a function rejected its input, a missing field or index).";
 }
 
 /// Looks a code up by id (`T0501`) or name (`unknown-variable`).

@@ -8,6 +8,7 @@
 mod graph;
 mod refs;
 mod sections;
+pub mod types;
 
 use crate::blueprint::{Blueprint, DataSource, Resource};
 use crate::diag::Diagnostics;

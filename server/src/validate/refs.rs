@@ -3,6 +3,8 @@
 //! cycle detection and the `each` rule use.
 
 use super::Options;
+use super::types::{Static, Typer};
+use crate::blueprint::article_of;
 use crate::blueprint::{Blueprint, Resource, Spanned};
 use crate::diag::{Code, Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::source::{SourceFile, Span};
@@ -149,6 +151,14 @@ impl<'a> Checker<'a, '_> {
             let ctx = self.ctx(NodeRef::Value(i), false);
             if let Some(t) = &v.value {
                 self.template(t, ctx);
+                let declared =
+                    v.ty.as_ref()
+                        .map_or(Static::Any, |t| Static::from_declared(&t.value));
+                // Literal non-string values are parsed from text, checked in sections.rs.
+                if declared != Static::String && t.single_substitution().is_some() {
+                    let what = format!("value `{}` (declared {})", v.name.value, declared.as_str());
+                    self.expect_type(t, declared, &codes::VALUE_TYPE_MISMATCH, &what);
+                }
             }
             if let Some(t) = &v.description {
                 self.template(t, ctx);
@@ -184,6 +194,20 @@ impl<'a> Checker<'a, '_> {
             for t in ts {
                 self.template(t, ctx);
             }
+            if let Some(each) = &r.each {
+                if each.single_substitution().is_some() {
+                    let what = format!("`each` of resource `{}`", r.name.value);
+                    self.expect_type(each, Static::Array, &codes::EACH_TYPE, &what);
+                }
+            }
+            if let Some(c) = &r.condition {
+                let mut cs = Vec::new();
+                c.templates(&mut |t| cs.push(t));
+                for t in cs {
+                    let what = format!("a condition of resource `{}`", r.name.value);
+                    self.expect_type(t, Static::Boolean, &codes::CONDITION_TYPE, &what);
+                }
+            }
             self.depends_on(i, r, node);
         }
         for (i, inc) in bp.include.iter().enumerate() {
@@ -215,7 +239,10 @@ impl<'a> Checker<'a, '_> {
                 self.template(t, top);
             }
             if let Some(field) = &x.field {
-                self.export_field(field, src, top);
+                let declared =
+                    x.ty.as_ref()
+                        .map_or(Static::Any, |t| Static::from_declared(&t.value));
+                self.export_field(field, declared, src, top);
             }
         }
         if let Some(m) = &bp.metadata {
@@ -253,9 +280,38 @@ impl<'a> Checker<'a, '_> {
         }
     }
 
+    fn typer(&self) -> Typer<'a> {
+        Typer {
+            bp: self.bp,
+            functions: self.opts.functions,
+        }
+    }
+
     fn template(&mut self, t: &Template, ctx: Ctx<'_>) {
+        let typer = self.typer();
         for s in t.substitutions() {
             self.expr(&s.expr, ctx);
+            typer.check_calls(&s.expr, self.diags);
+        }
+        typer.check_interpolation(t, self.diags);
+    }
+
+    /// A template whose whole result must have a type (conditions, `each`,
+    /// typed values), checked where the type is known statically.
+    fn expect_type(&mut self, t: &Template, want: Static, code: &'static Code, what: &str) {
+        let got = self.typer().template(t);
+        if !got.fits(want) {
+            let span = t.single_substitution().map_or(t.span, |s| s.span);
+            self.push(
+                code,
+                span,
+                format!(
+                    "{what} must be {}, but this is {}",
+                    article_of(want.as_str()),
+                    article_of(got.as_str())
+                ),
+                None,
+            );
         }
     }
 
@@ -570,7 +626,13 @@ impl<'a> Checker<'a, '_> {
     }
 
     /// An export `field` is a plain reference, written without `${..}`.
-    fn export_field(&mut self, field: &Spanned<String>, src: &SourceFile, ctx: Ctx<'_>) {
+    fn export_field(
+        &mut self,
+        field: &Spanned<String>,
+        declared: Static,
+        src: &SourceFile,
+        ctx: Ctx<'_>,
+    ) {
         let quoted = matches!(
             src.text.as_bytes().get(field.span.start as usize),
             Some(b'"' | b'\'')
@@ -590,7 +652,23 @@ impl<'a> Checker<'a, '_> {
             )
         });
         match reference {
-            Some(e) => self.expr(&e, ctx),
+            Some(e) => {
+                self.expr(&e, ctx);
+                let got = self.typer().infer(&e);
+                if !got.fits(declared) {
+                    self.push(
+                        &codes::EXPORT_TYPE_MISMATCH,
+                        field.span,
+                        format!(
+                            "export declares type {} but `{}` is {}",
+                            declared.as_str(),
+                            field.value,
+                            article_of(got.as_str())
+                        ),
+                        None,
+                    );
+                }
+            }
             None => {
                 let detail = local
                     .items
