@@ -36,9 +36,46 @@ pub enum Command {
     /// code (see `trellis explain`). Exits 0 when no file has an error, 1 when
     /// one does, 2 when a file cannot be read.
     Validate(ValidateArgs),
+    /// Evaluate a string with `${..}` substitutions, like a blueprint console.
+    ///
+    /// Without --blueprint, `${variables.x}` reads `--var x=...` (as a string).
+    /// With --blueprint, the blueprint's variables, values and resource specs
+    /// resolve; resource state, data sources and children print as
+    /// `(known after deploy)`. --expand prints the blueprint's resources after
+    /// `each` expansion and conditions. Anything derived from a secret prints
+    /// as `(sensitive)`.
+    ///
+    /// --format json prints {"value": ...}, {"unknown": true} when the value is
+    /// known only after deploy, {"sensitive": true} for a secret, or
+    /// {"diagnostics": [...]} (exit 1) on error.
+    Eval(EvalArgs),
     /// Describe diagnostic codes: `trellis explain T0501`, or `--all` for the
     /// whole registry as Markdown (the source of docs/diagnostics.md).
     Explain(ExplainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// The text to evaluate, e.g. '${to_upper(variables.env)}'.
+    #[arg(value_name = "EXPR", required_unless_present = "expand")]
+    pub expr: Option<String>,
+    /// A blueprint whose variables, values and resources the expression may reference.
+    #[arg(long, value_name = "FILE")]
+    pub blueprint: Option<String>,
+    /// A variable value.
+    #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+    pub vars: Vec<(String, String)>,
+    /// Print the blueprint's resources after `each` expansion and conditions.
+    #[arg(long, requires = "blueprint")]
+    pub expand: bool,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub format: OutputFormat,
+    /// The current time as Unix seconds, for reproducible `datetime(..)`.
+    #[arg(long, value_name = "UNIX_SECONDS")]
+    pub now: Option<i64>,
+    /// Refuse a blueprint larger than this many bytes.
+    #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
+    pub max_input_size: usize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -88,6 +125,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate(args) => run_validate(&args),
+        Command::Eval(args) => crate::cli_eval::run(&args),
         Command::Explain(args) => run_explain(&args),
     }
 }
@@ -223,7 +261,7 @@ fn plural(n: usize) -> &'static str {
 
 /// Reads at most `limit + 1` bytes, so an enormous file (or a device) is
 /// refused without being read whole.
-fn read_limited(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_limited(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let file = std::fs::File::open(path)?;
     if file.metadata()?.is_dir() {

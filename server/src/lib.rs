@@ -7,6 +7,7 @@
 
 pub mod blueprint;
 pub mod cli;
+mod cli_eval;
 pub mod diag;
 pub mod document;
 pub mod eval;

@@ -6,9 +6,11 @@
 //! and an optional [`ProviderChecks`].
 
 mod graph;
-mod refs;
+pub mod refs;
 mod sections;
 pub mod types;
+
+pub use sections::parse_input as parse_variable_input;
 
 use crate::blueprint::{Blueprint, DataSource, Resource};
 use crate::diag::Diagnostics;
@@ -41,7 +43,13 @@ impl Default for Options<'_> {
 }
 
 /// Validates a loaded blueprint; diagnostics are appended in discovery order.
-pub fn validate(bp: &Blueprint, src: &SourceFile, opts: &Options<'_>, diags: &mut Diagnostics) {
+/// Returns the dependency graph, which evaluation walks in order.
+pub fn validate(
+    bp: &Blueprint,
+    src: &SourceFile,
+    opts: &Options<'_>,
+    diags: &mut Diagnostics,
+) -> refs::Graph {
     sections::check(bp, opts, diags);
     let graph = refs::check(bp, src, opts, diags);
     graph::report_cycles(bp, &graph, diags);
@@ -54,4 +62,16 @@ pub fn validate(bp: &Blueprint, src: &SourceFile, opts: &Options<'_>, diags: &mu
             p.check_datasource(d, diags);
         }
     }
+    graph
+}
+
+/// Checks a template that stands outside the blueprint (`trellis eval`'s
+/// expression) against the blueprint's names, functions and types.
+pub fn check_template(
+    bp: &Blueprint,
+    opts: &Options<'_>,
+    t: &crate::subst::Template,
+    diags: &mut Diagnostics,
+) {
+    refs::check_detached(bp, opts, t, diags);
 }

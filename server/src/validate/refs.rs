@@ -144,6 +144,60 @@ pub fn check(
     c.graph
 }
 
+/// Checks one template with no owner in the graph (see `validate::check_template`).
+pub fn check_detached(bp: &Blueprint, opts: &Options<'_>, t: &Template, diags: &mut Diagnostics) {
+    let mut c = Checker {
+        bp,
+        opts,
+        diags,
+        variables: table(&bp.variables, |v| &v.name),
+        values: table(&bp.values, |v| &v.name),
+        datasources: table(&bp.datasources, |d| &d.name),
+        resources: table(&bp.resources, |r| &r.name),
+        children: table(&bp.include, |i| &i.name),
+        graph: Graph::new(bp),
+        collect: None,
+    };
+    let top = Ctx {
+        owner: None,
+        in_each: false,
+        arg_of: None,
+    };
+    c.template(t, top);
+}
+
+impl Graph {
+    /// Nodes in an order where everything a node references comes before it
+    /// (dependencies first; declaration order among independent nodes).
+    /// Meaningful only for an acyclic graph.
+    pub fn dependency_order(&self) -> Vec<NodeRef> {
+        let n = self.nodes.len();
+        let mut state = vec![0u8; n]; // 0 new, 1 in progress, 2 done
+        let mut order = Vec::with_capacity(n);
+        for root in 0..n {
+            if state[root] != 0 {
+                continue;
+            }
+            let mut stack = vec![(root, 0usize)];
+            state[root] = 1;
+            while let Some(&mut (v, ref mut pos)) = stack.last_mut() {
+                if let Some(&(w, _)) = self.edges[v].get(*pos) {
+                    *pos += 1;
+                    if state[w] == 0 {
+                        state[w] = 1;
+                        stack.push((w, 0));
+                    }
+                    continue;
+                }
+                stack.pop();
+                state[v] = 2;
+                order.push(self.nodes[v]);
+            }
+        }
+        order
+    }
+}
+
 impl<'a> Checker<'a, '_> {
     fn run(&mut self, src: &SourceFile) {
         let bp = self.bp;

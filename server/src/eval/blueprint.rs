@@ -1,0 +1,426 @@
+//! Blueprint-level evaluation: variables from inputs and defaults, values in
+//! dependency order parsed to their declared types, resource templates with
+//! `each` expanded element by element, and conditions deciding which
+//! resources exist. Data sources and children are unknown here (they are
+//! fetched and deployed by the engine); resource state is unknown until
+//! deploy.
+
+use super::expr::{EvalError, ResourceEntry, ResourceValue, Scope};
+use super::functions::Env;
+use super::value::Value;
+use crate::blueprint::{Blueprint, Condition, Resource, Scalar, TKind, TNode};
+use crate::diag::{Diagnostic, Diagnostics, codes};
+use crate::validate::refs::{Graph, NodeRef};
+use indexmap::IndexMap;
+use std::cell::Cell;
+
+/// One concrete resource after `each` expansion.
+#[derive(Clone, Debug)]
+pub struct Expanded {
+    /// `name` or, for an element of an `each` template, `name_<i>`.
+    pub name: String,
+    /// The resource template's name in the blueprint.
+    pub template: String,
+    pub index: Option<usize>,
+    pub ty: String,
+    /// `None` without a condition; otherwise `Bool` or `Unknown`.
+    pub condition: Option<Value>,
+    pub spec: Value,
+    /// The spec with every field derived from a secret replaced by
+    /// `(sensitive)`: what may be printed.
+    pub display_spec: Value,
+    pub metadata: Value,
+    /// Some field of the spec or metadata read a secret.
+    pub sensitive: bool,
+}
+
+impl Expanded {
+    /// Whether the resource will exist (a condition not yet known counts as
+    /// "maybe", reported separately).
+    pub fn included(&self) -> bool {
+        !matches!(self.condition, Some(Value::Bool(false)))
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Evaluation {
+    pub variables: IndexMap<String, Value>,
+    pub missing_variables: Vec<String>,
+    pub secret_variables: Vec<String>,
+    pub values: IndexMap<String, Value>,
+    pub secret_values: Vec<String>,
+    pub resources: Vec<Expanded>,
+    pub entries: IndexMap<String, ResourceEntry>,
+    pub datasources: IndexMap<String, IndexMap<String, Value>>,
+    pub children: IndexMap<String, Value>,
+}
+
+impl Evaluation {
+    pub fn scope<'a>(&'a self, env: &'a Env<'a>, elem: Option<(&'a Value, usize)>) -> Scope<'a> {
+        Scope {
+            variables: &self.variables,
+            missing_variables: &self.missing_variables,
+            secret_variables: &self.secret_variables,
+            values: &self.values,
+            secret_values: &self.secret_values,
+            datasources: &self.datasources,
+            children: &self.children,
+            resources: &self.entries,
+            elem,
+            env,
+            touched_secret: Cell::new(false),
+        }
+    }
+
+    /// Whether a value may be shown (it did not come from a secret).
+    pub fn is_secret_value(&self, name: &str) -> bool {
+        self.secret_values.iter().any(|s| s == name)
+    }
+}
+
+/// Resolves variables only: supplied text parsed to the declared type, else
+/// the default. Variables without either are listed as missing; reading one
+/// is an error (`T0707`) at the reference.
+pub fn resolve_variables(bp: &Blueprint, supplied: &[(String, String)]) -> Evaluation {
+    let mut ev = Evaluation::default();
+    for v in &bp.variables {
+        let name = v.name.value.clone();
+        if v.secret {
+            ev.secret_variables.push(name.clone());
+        }
+        let ty = v.ty.as_ref().map_or("string", |t| t.value.as_str());
+        let given = supplied
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == name)
+            .map(|(_, t)| t);
+        let value = match given {
+            // Inputs were checked against the definition by validation.
+            Some(text) => crate::validate::parse_variable_input(ty, text).map(scalar_value),
+            None => v.default.as_ref().map(|d| scalar_value(d.value.clone())),
+        };
+        match value {
+            Some(val) => {
+                ev.variables.insert(name, val);
+            }
+            None => ev.missing_variables.push(name),
+        }
+    }
+    ev
+}
+
+fn scalar_value(s: Scalar) -> Value {
+    match s {
+        Scalar::Str(s) => Value::Str(s),
+        Scalar::Int(i) => Value::Int(i),
+        Scalar::Float(f) => Value::Float(f),
+        Scalar::Bool(b) => Value::Bool(b),
+    }
+}
+
+/// Evaluates values and expands resources, in dependency order. Problems
+/// are reported to `diags`; what could not be evaluated is left unknown.
+pub fn evaluate(
+    bp: &Blueprint,
+    graph: &Graph,
+    supplied: &[(String, String)],
+    env: &Env<'_>,
+    diags: &mut Diagnostics,
+) -> Evaluation {
+    let mut ev = resolve_variables(bp, supplied);
+    for v in &bp.values {
+        if v.secret {
+            ev.secret_values.push(v.name.value.clone());
+        }
+    }
+    for r in &bp.resources {
+        ev.entries
+            .insert(r.name.value.clone(), ResourceEntry::Pending);
+    }
+    for node in graph.dependency_order() {
+        match node {
+            NodeRef::Value(i) => {
+                let def = &bp.values[i];
+                let Some(t) = &def.value else { continue };
+                let declared = def.ty.as_ref().map_or("string", |t| t.value.as_str());
+                let result = ev.scope(env, None).whole(t).and_then(|v| {
+                    convert(v, declared).map_err(|msg| EvalError {
+                        code: &codes::VALUE_TYPE_MISMATCH,
+                        span: t.span,
+                        message: format!("value `{}`: {msg}", def.name.value),
+                    })
+                });
+                let value = match result {
+                    Ok(v) => v,
+                    Err(e) => {
+                        diags.push(e.into_diagnostic());
+                        Value::Unknown
+                    }
+                };
+                ev.values.insert(def.name.value.clone(), value);
+            }
+            NodeRef::Resource(i) => expand(&bp.resources[i], &mut ev, env, diags),
+            NodeRef::DataSource(_) | NodeRef::Child(_) => {}
+        }
+    }
+    ev
+}
+
+/// Converts a value's result to its declared type: "integers, floats and
+/// booleans are parsed from the string value".
+fn convert(v: Value, declared: &str) -> Result<Value, String> {
+    if v.is_unknown() {
+        return Ok(v);
+    }
+    let found = v.type_name();
+    match (declared, v) {
+        ("string", Value::Str(s)) => Ok(Value::Str(s)),
+        ("string", v @ (Value::Int(_) | Value::Float(_) | Value::Bool(_))) => {
+            Ok(Value::Str(v.display_string().unwrap_or_default()))
+        }
+        ("integer", Value::Int(i)) => Ok(Value::Int(i)),
+        ("float", Value::Float(f)) => Ok(Value::Float(f)),
+        ("float", Value::Int(i)) => Ok(Value::Float(i as f64)),
+        ("boolean", Value::Bool(b)) => Ok(Value::Bool(b)),
+        (ty @ ("integer" | "float" | "boolean"), Value::Str(s)) => {
+            crate::validate::parse_variable_input(ty, &s)
+                .map(scalar_value)
+                .ok_or_else(|| format!("{s:?} cannot be parsed as {ty}"))
+        }
+        ("array", v @ Value::List(_)) => Ok(v),
+        ("object", v @ Value::Map(_)) => Ok(v),
+        (ty, _) => Err(format!("declared {ty} but the substitution yields {found}")),
+    }
+}
+
+fn expand(r: &Resource, ev: &mut Evaluation, env: &Env<'_>, diags: &mut Diagnostics) {
+    let name = r.name.value.clone();
+    let ty = r.ty.as_ref().map(|t| t.value.clone()).unwrap_or_default();
+    let Some(each) = &r.each else {
+        let x = instance(r, &name, None, None, ev, env, diags);
+        let entry = if x.included() {
+            ResourceEntry::Single(ResourceValue {
+                spec: x.spec.clone(),
+                metadata: x.metadata.clone(),
+                state: None,
+            })
+        } else {
+            ResourceEntry::Pending
+        };
+        ev.entries.insert(name, entry);
+        ev.resources.push(x);
+        return;
+    };
+    let items = match ev.scope(env, None).whole(each) {
+        Ok(Value::List(items)) => items,
+        Ok(Value::Unknown) => {
+            diags.push(Diagnostic::new(
+                &codes::EVALUATION,
+                each.span,
+                format!("`each` of resource `{name}` must be known before deploy, but its value is known only after deploy"),
+            ));
+            return;
+        }
+        Ok(other) => {
+            diags.push(Diagnostic::new(
+                &codes::EACH_TYPE,
+                each.span,
+                format!(
+                    "`each` of resource `{name}` must yield an array, but it yields {}",
+                    crate::blueprint::article_of(other.type_name())
+                ),
+            ));
+            return;
+        }
+        Err(e) => {
+            diags.push(e.into_diagnostic());
+            return;
+        }
+    };
+    let _ = ty;
+    let mut elements = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let x = instance(
+            r,
+            &format!("{name}_{i}"),
+            Some(i),
+            Some(item),
+            ev,
+            env,
+            diags,
+        );
+        elements.push(ResourceValue {
+            spec: x.spec.clone(),
+            metadata: x.metadata.clone(),
+            state: None,
+        });
+        ev.resources.push(x);
+    }
+    ev.entries.insert(name, ResourceEntry::Template(elements));
+}
+
+fn instance(
+    r: &Resource,
+    name: &str,
+    index: Option<usize>,
+    elem: Option<&Value>,
+    ev: &Evaluation,
+    env: &Env<'_>,
+    diags: &mut Diagnostics,
+) -> Expanded {
+    let scope = ev.scope(env, elem.map(|e| (e, index.unwrap_or(0))));
+    let condition = r.condition.as_ref().map(|c| match condition(c, &scope) {
+        Ok(v) => v,
+        Err(e) => {
+            diags.push(e.into_diagnostic());
+            Value::Unknown
+        }
+    });
+    let mut report = |e: EvalError| diags.push(e.into_diagnostic());
+    let (spec, display_spec) = match &r.spec {
+        Some(s) => node_masked(s, &scope, &mut report),
+        None => (Value::Map(IndexMap::new()), Value::Map(IndexMap::new())),
+    };
+    let mut md = IndexMap::new();
+    if let Some(d) = &r.metadata.display_name {
+        md.insert(
+            "displayName".to_owned(),
+            scope.template(d).unwrap_or_else(|e| {
+                report(e);
+                Value::Unknown
+            }),
+        );
+    }
+    let labels: IndexMap<String, Value> = r
+        .metadata
+        .labels
+        .iter()
+        .map(|(k, v)| (k.name.clone(), Value::Str(v.value.clone())))
+        .collect();
+    md.insert("labels".to_owned(), Value::Map(labels));
+    let annotations: IndexMap<String, Value> = r
+        .metadata
+        .annotations
+        .iter()
+        .map(|(k, v)| (k.name.clone(), node(v, &scope, &mut report)))
+        .collect();
+    md.insert("annotations".to_owned(), Value::Map(annotations));
+    if let Some(c) = &r.metadata.custom {
+        md.insert("custom".to_owned(), node(c, &scope, &mut report));
+    }
+    Expanded {
+        name: name.to_owned(),
+        template: r.name.value.clone(),
+        index,
+        ty: r.ty.as_ref().map(|t| t.value.clone()).unwrap_or_default(),
+        condition,
+        spec,
+        display_spec,
+        metadata: Value::Map(md),
+        sensitive: scope.touched_secret.get(),
+    }
+}
+
+/// A condition tree, short-circuiting `and` and `or`. An unknown operand
+/// that cannot be decided around makes the whole condition unknown.
+fn condition(c: &Condition, scope: &Scope<'_>) -> Result<Value, EvalError> {
+    let as_bool = |v: Value, span| match v {
+        Value::Bool(_) | Value::Unknown => Ok(v),
+        other => Err(EvalError {
+            code: &codes::CONDITION_TYPE,
+            span,
+            message: format!(
+                "a condition must be a boolean, but this is {}",
+                crate::blueprint::article_of(other.type_name())
+            ),
+        }),
+    };
+    match c {
+        Condition::Expr(t) => as_bool(scope.whole(t)?, t.span),
+        Condition::Not(inner, _) => Ok(match condition(inner, scope)? {
+            Value::Bool(b) => Value::Bool(!b),
+            other => other,
+        }),
+        Condition::And(items, _) | Condition::Or(items, _) => {
+            let is_and = matches!(c, Condition::And(..));
+            let mut unknown = false;
+            for item in items {
+                match condition(item, scope)? {
+                    Value::Bool(b) if b != is_and => return Ok(Value::Bool(b)),
+                    Value::Unknown => unknown = true,
+                    _ => {}
+                }
+            }
+            Ok(if unknown {
+                Value::Unknown
+            } else {
+                Value::Bool(is_and)
+            })
+        }
+    }
+}
+
+/// A spec or metadata tree: strings are templates, the rest is as written.
+pub fn node(n: &TNode, scope: &Scope<'_>, report: &mut impl FnMut(EvalError)) -> Value {
+    match &n.kind {
+        TKind::Null => Value::Null,
+        TKind::Bool(b) => Value::Bool(*b),
+        TKind::Int(i) => Value::Int(*i),
+        TKind::Float(f) => Value::Float(*f),
+        TKind::Str(t) => scope.template(t).unwrap_or_else(|e| {
+            report(e);
+            Value::Unknown
+        }),
+        TKind::List(items) => Value::List(items.iter().map(|i| node(i, scope, report)).collect()),
+        TKind::Map(entries) => Value::Map(
+            entries
+                .iter()
+                .map(|(k, v)| (k.name.clone(), node(v, scope, report)))
+                .collect(),
+        ),
+    }
+}
+
+/// Like [`node`], also returning a copy in which every string field that
+/// read a secret is replaced by `(sensitive)`.
+pub fn node_masked(
+    n: &TNode,
+    scope: &Scope<'_>,
+    report: &mut impl FnMut(EvalError),
+) -> (Value, Value) {
+    match &n.kind {
+        TKind::Str(t) => {
+            let before = scope.touched_secret.replace(false);
+            let v = scope.template(t).unwrap_or_else(|e| {
+                report(e);
+                Value::Unknown
+            });
+            let secret = scope.touched_secret.get();
+            scope.touched_secret.set(before || secret);
+            let shown = if secret {
+                Value::Str(super::render::SENSITIVE_TEXT.to_owned())
+            } else {
+                v.clone()
+            };
+            (v, shown)
+        }
+        TKind::List(items) => {
+            let (a, b) = items.iter().map(|i| node_masked(i, scope, report)).unzip();
+            (Value::List(a), Value::List(b))
+        }
+        TKind::Map(entries) => {
+            let mut a = IndexMap::with_capacity(entries.len());
+            let mut b = IndexMap::with_capacity(entries.len());
+            for (k, v) in entries {
+                let (x, y) = node_masked(v, scope, report);
+                a.insert(k.name.clone(), x);
+                b.insert(k.name.clone(), y);
+            }
+            (Value::Map(a), Value::Map(b))
+        }
+        _ => {
+            let v = node(n, scope, report);
+            (v.clone(), v)
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! Evaluating templates and expressions against a scope.
+//!
+//! `and` and `or` are evaluated lazily here (the right side is not evaluated
+//! when the left decides), so `and(false, fromjson(bad, "/x"))` is false
+//! rather than an error. Reading a secret variable or value marks the scope,
+//! so callers can mask whatever the evaluation produced.
+
+use super::functions::{Env, FnError, call, function_value};
+use super::value::Value;
+use crate::diag::{Code, Diagnostic, codes};
+use crate::source::Span;
+use crate::subst::{Accessor, Expr, ExprKind, Literal, Part, Template};
+use indexmap::IndexMap;
+use std::cell::Cell;
+
+/// An evaluation failure, located in the source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalError {
+    pub code: &'static Code,
+    pub span: Span,
+    pub message: String,
+}
+
+impl EvalError {
+    fn new(code: &'static Code, span: Span, message: impl Into<String>) -> EvalError {
+        EvalError {
+            code,
+            span,
+            message: message.into(),
+        }
+    }
+
+    pub fn into_diagnostic(self) -> Diagnostic {
+        Diagnostic::new(self.code, self.span, self.message)
+    }
+}
+
+type Result<T> = std::result::Result<T, EvalError>;
+
+/// What a resource reference reads: the evaluated spec and metadata of one
+/// resource (or one element of an `each` template), and its deployed state.
+#[derive(Clone, Debug)]
+pub struct ResourceValue {
+    pub spec: Value,
+    pub metadata: Value,
+    /// `None` until deployed: reads are unknown.
+    pub state: Option<Value>,
+}
+
+/// A resource as references see it: one, or the elements of a template.
+#[derive(Clone, Debug)]
+pub enum ResourceEntry {
+    Single(ResourceValue),
+    Template(Vec<ResourceValue>),
+    /// Not evaluated (yet): every read is unknown.
+    Pending,
+}
+
+/// Everything a substitution can read.
+pub struct Scope<'a> {
+    /// Variables that have a value (supplied or default).
+    pub variables: &'a IndexMap<String, Value>,
+    /// Declared variables without a value, so a read can say "required".
+    pub missing_variables: &'a [String],
+    pub secret_variables: &'a [String],
+    pub values: &'a IndexMap<String, Value>,
+    pub secret_values: &'a [String],
+    /// Data source exports by data source and field; absent means not
+    /// fetched yet (unknown).
+    pub datasources: &'a IndexMap<String, IndexMap<String, Value>>,
+    /// Exports of child blueprints; absent means unknown.
+    pub children: &'a IndexMap<String, Value>,
+    pub resources: &'a IndexMap<String, ResourceEntry>,
+    /// The current element and index inside an `each` template.
+    pub elem: Option<(&'a Value, usize)>,
+    pub env: &'a Env<'a>,
+    /// Set when the evaluation read a secret.
+    pub touched_secret: Cell<bool>,
+}
+
+impl Scope<'_> {
+    /// Evaluates a template where it stands for a field: exactly one
+    /// substitution yields its value unchanged, anything else a string.
+    pub fn template(&self, t: &Template) -> Result<Value> {
+        match t.parts.as_slice() {
+            [Part::Sub(s)] => self.expr(&s.expr),
+            _ => self.interpolate(t),
+        }
+    }
+
+    /// Evaluates a template that must yield a whole value (`each`, typed
+    /// values, conditions): whitespace around one substitution is ignored.
+    pub fn whole(&self, t: &Template) -> Result<Value> {
+        match t.single_substitution() {
+            Some(s) => self.expr(&s.expr),
+            None => self.interpolate(t),
+        }
+    }
+
+    fn interpolate(&self, t: &Template) -> Result<Value> {
+        let mut out = String::new();
+        let mut unknown = false;
+        for p in &t.parts {
+            match p {
+                Part::Lit(s) => out.push_str(s),
+                Part::Sub(s) => {
+                    let v = self.expr(&s.expr)?;
+                    if v.is_unknown() {
+                        unknown = true;
+                        continue;
+                    }
+                    match v.display_string() {
+                        Some(text) => out.push_str(&text),
+                        None => {
+                            return Err(EvalError::new(
+                                &codes::INTERPOLATE_COMPLEX,
+                                s.span,
+                                format!(
+                                    "this substitution yields {}, which cannot be interpolated into a string",
+                                    article(v.type_name())
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(if unknown {
+            Value::Unknown
+        } else {
+            Value::Str(out)
+        })
+    }
+
+    pub fn expr(&self, e: &Expr) -> Result<Value> {
+        match &e.kind {
+            ExprKind::Lit(l) => Ok(match l {
+                Literal::Str(s) => Value::Str(s.clone()),
+                Literal::Int(i) => Value::Int(*i),
+                Literal::Float(f) => Value::Float(*f),
+                Literal::Bool(b) => Value::Bool(*b),
+            }),
+            ExprKind::Variable(n) => {
+                if self.secret_variables.contains(&n.text) {
+                    self.touched_secret.set(true);
+                }
+                match self.variables.get(&n.text) {
+                    Some(v) => Ok(v.clone()),
+                    None if self.missing_variables.contains(&n.text) => Err(EvalError::new(
+                        &codes::VARIABLE_REQUIRED,
+                        n.span,
+                        format!(
+                            "variable `{}` has no default and no value was given",
+                            n.text
+                        ),
+                    )),
+                    None => Err(EvalError::new(
+                        &codes::UNKNOWN_VARIABLE,
+                        n.span,
+                        format!("unknown variable `{}`", n.text),
+                    )),
+                }
+            }
+            ExprKind::Value(n, path) => {
+                if self.secret_values.contains(&n.text) {
+                    self.touched_secret.set(true);
+                }
+                let v = self.values.get(&n.text).ok_or_else(|| {
+                    EvalError::new(
+                        &codes::UNKNOWN_VALUE,
+                        n.span,
+                        format!("unknown value `{}`", n.text),
+                    )
+                })?;
+                access(v.clone(), path, &format!("values.{}", n.text))
+            }
+            ExprKind::DataSource { name, field, index } => {
+                let Some(fields) = self.datasources.get(&name.text) else {
+                    return Ok(Value::Unknown);
+                };
+                let v = fields.get(&field.text).cloned().unwrap_or(Value::Unknown);
+                access(
+                    v,
+                    index.as_slice(),
+                    &format!("datasources.{}.{}", name.text, field.text),
+                )
+            }
+            ExprKind::Child(n, path) => match self.children.get(&n.text) {
+                Some(v) => access(v.clone(), path, &format!("children.{}", n.text)),
+                None => Ok(Value::Unknown),
+            },
+            ExprKind::Resource {
+                name,
+                path,
+                prefixed,
+            } => {
+                if !prefixed && path.is_empty() && !self.resources.contains_key(&name.text) {
+                    if let Some(f) = function_value(&name.text) {
+                        return Ok(Value::Func(f));
+                    }
+                }
+                self.resource(e, &name.text, path)
+            }
+            ExprKind::Elem(path) => match self.elem {
+                Some((v, _)) => access(v.clone(), path, "elem"),
+                None => Err(EvalError::new(
+                    &codes::ELEM_OUTSIDE_EACH,
+                    e.span,
+                    "`elem` is only defined inside a resource with `each`",
+                )),
+            },
+            ExprKind::ElemIndex => match self.elem {
+                Some((_, i)) => Ok(Value::Int(i as i64)),
+                None => Err(EvalError::new(
+                    &codes::ELEM_OUTSIDE_EACH,
+                    e.span,
+                    "`i` is only defined inside a resource with `each`",
+                )),
+            },
+            ExprKind::Call { name, args, path } => {
+                let v = self.call(e, &name.text, args)?;
+                access(v, path, &format!("{}(..)", name.text))
+            }
+        }
+    }
+
+    fn resource(&self, e: &Expr, name: &str, path: &[Accessor]) -> Result<Value> {
+        let label = format!("resources.{name}");
+        let (value, rest) = match self.resources.get(name) {
+            None => {
+                return Err(EvalError::new(
+                    &codes::UNKNOWN_RESOURCE,
+                    e.span,
+                    format!("unknown resource `{name}`"),
+                ));
+            }
+            Some(ResourceEntry::Pending) => return Ok(Value::Unknown),
+            Some(ResourceEntry::Single(r)) => (r, path),
+            Some(ResourceEntry::Template(items)) => match path.first() {
+                Some(Accessor::Index(i, span)) => {
+                    let i = i.unwrap_or(0) as usize;
+                    match items.get(i) {
+                        Some(r) => (r, &path[1..]),
+                        None => {
+                            return Err(EvalError::new(
+                                &codes::EVALUATION,
+                                *span,
+                                format!(
+                                    "{label} has {} elements; there is no element {i}",
+                                    items.len()
+                                ),
+                            ));
+                        }
+                    }
+                }
+                _ => {
+                    return Err(EvalError::new(
+                        &codes::RESOURCE_INDEX,
+                        e.span,
+                        format!("{label} is a template with `each`: pick an element"),
+                    ));
+                }
+            },
+        };
+        let (section, rest) = match rest.first() {
+            Some(Accessor::Field(f)) => (f.text.as_str(), &rest[1..]),
+            _ => {
+                return Err(EvalError::new(
+                    &codes::RESOURCE_FIELD,
+                    e.span,
+                    format!("read {label} through .spec, .state or .metadata"),
+                ));
+            }
+        };
+        match section {
+            "spec" => {
+                // A field the blueprint does not set may be computed by the
+                // provider: unknown until deploy, not an error.
+                Ok(access_lenient(value.spec.clone(), rest).unwrap_or(Value::Unknown))
+            }
+            "state" => match &value.state {
+                Some(s) => access(s.clone(), rest, &format!("{label}.state")),
+                None => Ok(Value::Unknown),
+            },
+            "metadata" => access(value.metadata.clone(), rest, &format!("{label}.metadata")),
+            other => Err(EvalError::new(
+                &codes::RESOURCE_FIELD,
+                e.span,
+                format!("{label} has no section `{other}`"),
+            )),
+        }
+    }
+
+    fn call(&self, e: &Expr, name: &str, args: &[crate::subst::Arg]) -> Result<Value> {
+        let fail = |err: FnError| EvalError::new(&codes::EVALUATION, e.span, err.to_string());
+        if crate::functions::core(name).is_none() {
+            return Err(EvalError::new(
+                &codes::UNKNOWN_FUNCTION,
+                e.span,
+                format!("unknown function `{name}`"),
+            ));
+        }
+        // Short-circuit: the right side is evaluated only when it matters.
+        if (name == "and" || name == "or") && args.len() == 2 {
+            let left = self.expr(&args[0].value)?;
+            let decided = match (name, &left) {
+                ("and", Value::Bool(false)) => Some(false),
+                ("or", Value::Bool(true)) => Some(true),
+                _ => None,
+            };
+            if let Some(b) = decided {
+                return Ok(Value::Bool(b));
+            }
+            let right = self.expr(&args[1].value)?;
+            return call(name, vec![left, right], Vec::new(), self.env).map_err(fail);
+        }
+        // `link` takes resources by name, whether written bare, prefixed or quoted.
+        if name == "link" {
+            let mut names = Vec::with_capacity(args.len());
+            for a in args {
+                match &a.value.kind {
+                    ExprKind::Resource { name, path, .. } if path.is_empty() => {
+                        names.push(Value::Str(name.text.clone()))
+                    }
+                    _ => names.push(self.expr(&a.value)?),
+                }
+            }
+            return call(name, names, Vec::new(), self.env).map_err(fail);
+        }
+        let mut positional = Vec::with_capacity(args.len());
+        let mut named = Vec::new();
+        for a in args {
+            let v = self.expr(&a.value)?;
+            match &a.name {
+                Some(n) if name == "object" => named.push((n.text.clone(), v)),
+                _ => positional.push(v),
+            }
+        }
+        call(name, positional, named, self.env).map_err(fail)
+    }
+}
+
+/// Follows accessors; a missing field or index is an error naming the path.
+fn access(mut v: Value, path: &[Accessor], label: &str) -> Result<Value> {
+    let mut where_ = label.to_owned();
+    for a in path {
+        v = match (v, a) {
+            (Value::Unknown, _) => return Ok(Value::Unknown),
+            (Value::Map(mut m), Accessor::Field(f)) => match m.swap_remove(&f.text) {
+                Some(x) => x,
+                None => {
+                    return Err(EvalError::new(
+                        &codes::EVALUATION,
+                        f.span,
+                        format!("{where_} has no field `{}`", f.text),
+                    ));
+                }
+            },
+            (Value::List(mut items), Accessor::Index(i, span)) => {
+                let i = i.unwrap_or(0) as usize;
+                if i >= items.len() {
+                    return Err(EvalError::new(
+                        &codes::EVALUATION,
+                        *span,
+                        format!(
+                            "{where_} has {} element{}; index {i} is out of range",
+                            items.len(),
+                            if items.len() == 1 { "" } else { "s" }
+                        ),
+                    ));
+                }
+                items.swap_remove(i)
+            }
+            (other, a) => {
+                let what = match a {
+                    Accessor::Field(f) => format!("field `{}`", f.text),
+                    Accessor::Index(..) => "an index".to_owned(),
+                };
+                return Err(EvalError::new(
+                    &codes::EVALUATION,
+                    a.span(),
+                    format!(
+                        "{where_} is {}, which has no {what}",
+                        article(other.type_name())
+                    ),
+                ));
+            }
+        };
+        match a {
+            Accessor::Field(f) => {
+                where_.push('.');
+                where_.push_str(&f.text);
+            }
+            Accessor::Index(i, _) => where_.push_str(&format!("[{}]", i.unwrap_or(0))),
+        }
+    }
+    Ok(v)
+}
+
+/// Like [`access`], but a missing field gives `None` instead of an error.
+fn access_lenient(v: Value, path: &[Accessor]) -> Option<Value> {
+    access(v, path, "").ok()
+}
+
+fn article(type_name: &str) -> String {
+    crate::blueprint::article_of(type_name)
+}
