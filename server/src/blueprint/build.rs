@@ -327,8 +327,12 @@ impl Builder<'_> {
             ..Blueprint::default()
         };
         let Some(top) = self.fields(root, "the blueprint", TOP_FIELDS) else {
+            bp.malformed = true;
             return bp;
         };
+        bp.malformed = ["resources", "include"]
+            .iter()
+            .any(|s| get(top, s).is_some_and(|n| n.as_map().is_none()));
         match get(top, "version") {
             None => self.diags.push(
                 Diagnostic::new(
@@ -581,19 +585,19 @@ impl Builder<'_> {
         if let Some(m) = get(f, "metadata") {
             ds.metadata = self.metadata(m, &format!("the metadata of {what}"), DS_METADATA_FIELDS);
         }
-        match get(f, "filter") {
-            Some(fl) => match &fl.kind {
+        match f.iter().find(|(key, _)| key.name == "filter") {
+            Some((fk, fl)) => match &fl.kind {
                 NodeKind::List(items) => {
                     if items.is_empty() {
                         self.missing(fl.span, "filter", &what);
                     }
                     for item in items {
-                        let filter = self.filter(item, &what);
+                        let filter = self.filter(item, item.span.start_point(), &what);
                         ds.filters.push(filter);
                     }
                 }
                 _ => {
-                    let filter = self.filter(fl, &what);
+                    let filter = self.filter(fl, fk.span, &what);
                     ds.filters.push(filter);
                 }
             },
@@ -625,7 +629,9 @@ impl Builder<'_> {
         ds
     }
 
-    fn filter(&mut self, node: &Node, ds_what: &str) -> Filter {
+    /// One filter; `at` is where a missing field is reported (the `filter`
+    /// key, or the list item).
+    fn filter(&mut self, node: &Node, at: Span, ds_what: &str) -> Filter {
         let what = format!("the filter of {ds_what}");
         let mut filter = Filter {
             span: node.span,
@@ -636,7 +642,6 @@ impl Builder<'_> {
         let Some(f) = self.fields(node, &what, FILTER_FIELDS) else {
             return filter;
         };
-        let at = node.span.start_point();
         match get(f, "field") {
             Some(v) => filter.field = self.plain_string(v, &format!("`field` of {what}")),
             None => self.missing(at, "field", &what),
@@ -730,6 +735,7 @@ impl Builder<'_> {
             metadata: Metadata::default(),
             condition: None,
             each: None,
+            has_each: false,
             link_selector: None,
             depends_on: Vec::new(),
             spec: None,
@@ -755,17 +761,17 @@ impl Builder<'_> {
             r.condition = self.condition(c, &what);
         }
         if let Some(e) = get(f, "each") {
+            r.has_each = true;
             r.each = self.template(e, &format!("`each` of {what}"));
         }
         if let Some(ls) = get(f, "linkSelector") {
             let lwhat = format!("the linkSelector of {what}");
             if let Some(lf) = self.fields(ls, &lwhat, LINK_SELECTOR_FIELDS) {
+                // `byLabel` is the only selector in this version, but the
+                // specification does not mark it required.
                 let by_label = match get(lf, "byLabel") {
                     Some(b) => self.string_map(b, &format!("`byLabel` of {lwhat}")),
-                    None => {
-                        self.missing(ls.span, "byLabel", &lwhat);
-                        Vec::new()
-                    }
+                    None => Vec::new(),
                 };
                 r.link_selector = Some(LinkSelector {
                     span: ls.span,

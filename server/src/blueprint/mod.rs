@@ -80,6 +80,9 @@ pub struct Blueprint {
     pub include: Vec<Include>,
     pub exports: Vec<Export>,
     pub metadata: Option<TNode>,
+    /// The document or its `resources`/`include` section was not a mapping
+    /// (already reported): "nothing to deploy" would only repeat that.
+    pub malformed: bool,
 }
 
 /// A scalar written in a variable definition (default or allowed value).
@@ -185,6 +188,9 @@ pub struct Resource {
     pub metadata: Metadata,
     pub condition: Option<Condition>,
     pub each: Option<Template>,
+    /// `each` was written, even if it could not be read (so `elem` inside
+    /// the resource is not reported a second time).
+    pub has_each: bool,
     pub link_selector: Option<LinkSelector>,
     pub depends_on: Vec<Spanned<String>>,
     pub spec: Option<TNode>,

@@ -34,6 +34,19 @@ pub fn parse_json(text: &str, file: FileId, diags: &mut Diagnostics) -> Option<N
     if r.b.starts_with(&[0xEF, 0xBB, 0xBF]) {
         r.pos = 3;
     }
+    if r.skip_ws().is_ok() && r.pos >= r.b.len() {
+        diags.push(Diagnostic::new(
+            &codes::EMPTY_DOCUMENT,
+            Span::new(file, 0, 0),
+            "the document is empty (it holds only comments)",
+        ));
+        return None;
+    }
+    r.pos = if r.b.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        3
+    } else {
+        0
+    };
     let result = r.value(diags).and_then(|v| {
         r.skip_ws()?;
         if r.pos < r.b.len() {

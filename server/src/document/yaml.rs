@@ -204,6 +204,13 @@ pub fn parse_yaml(text: &str, file: FileId, diags: &mut Diagnostics) -> Option<N
             }
         }
     }
+    if root.is_none() {
+        diags.push(Diagnostic::new(
+            &codes::EMPTY_DOCUMENT,
+            Span::new(file, 0, 0),
+            "the document is empty (it holds only comments)",
+        ));
+    }
     root
 }
 

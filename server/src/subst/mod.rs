@@ -21,6 +21,9 @@ pub struct Template {
     pub parts: Vec<Part>,
     /// Span of the whole string in the source.
     pub span: Span,
+    /// A substitution in it did not parse (and was reported); checks of the
+    /// template's overall shape are skipped so one mistake is one report.
+    pub broken: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]

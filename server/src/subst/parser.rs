@@ -92,11 +92,13 @@ pub fn parse_template(s: &str, map: &SpanMap, whole: Span, diags: &mut Diagnosti
         return Template {
             parts: vec![Part::Lit(s.to_owned())],
             span: whole,
+            broken: false,
         };
     }
     let b = s.as_bytes();
     let mut parts = Vec::new();
     let mut lit = String::new();
+    let mut broken = false;
     let mut i = 0;
     while i < b.len() {
         let Some(d) = memchr::memchr(b'$', &b[i..]) else {
@@ -125,15 +127,10 @@ pub fn parse_template(s: &str, map: &SpanMap, whole: Span, diags: &mut Diagnosti
                     i = p.pos;
                 }
                 Err(e) => {
-                    let (resume, unterminated) = (e.resume, e.code == &codes::SUBST_UNTERMINATED);
+                    broken = true;
+                    let (code, start, end) = (e.code, e.start, e.end);
                     diags.push(e.into_diagnostic(map));
-                    // Resume after the next `}` so later substitutions in the
-                    // same string are still checked.
-                    let from = resume.max(i + 2).min(b.len());
-                    match memchr::memchr(b'}', &b[from..]) {
-                        Some(j) if !unterminated => i = from + j + 1,
-                        _ => i = b.len(),
-                    }
+                    i = recover(b, i, code, start, end);
                 }
             }
         } else {
@@ -144,7 +141,32 @@ pub fn parse_template(s: &str, map: &SpanMap, whole: Span, diags: &mut Diagnosti
     if !lit.is_empty() {
         parts.push(Part::Lit(lit));
     }
-    Template { parts, span: whole }
+    Template {
+        parts,
+        span: whole,
+        broken,
+    }
+}
+
+/// Where to go on after a broken substitution that opened at `open`, so the
+/// substitutions after it in the same string are still checked: past the
+/// `}` that closes it, unless another `${` starts first.
+fn recover(b: &[u8], open: usize, code: &Code, start: usize, end: usize) -> usize {
+    if code == &codes::SUBST_UNTERMINATED {
+        return b.len();
+    }
+    if code == &codes::SUBST_EMPTY {
+        return end;
+    }
+    let from = start.max(open + 2).min(b.len());
+    let close = memchr::memchr(b'}', &b[from..]).map(|j| from + j + 1);
+    let next_open = memchr::memmem::find(&b[from..], b"${").map(|j| from + j);
+    match (close, next_open) {
+        (Some(c), Some(o)) if o < c => o,
+        (Some(c), _) => c,
+        (None, Some(o)) => o,
+        (None, None) => b.len(),
+    }
 }
 
 /// Parses a bare expression (the content of a `${..}` without delimiters),
@@ -184,8 +206,6 @@ struct Error {
     start: usize,
     end: usize,
     message: String,
-    /// Where scanning may resume after the error.
-    resume: usize,
 }
 
 impl Error {
@@ -229,7 +249,6 @@ impl<'a> Parser<'a> {
             start: start.min(self.b.len()),
             end,
             message: message.into(),
-            resume: end,
         }
     }
 
@@ -296,7 +315,21 @@ impl<'a> Parser<'a> {
             }
             _ => {}
         }
-        let expr = self.expr()?;
+        // Running out of text anywhere inside means this `${` is unclosed:
+        // point at it, not at the end of the string.
+        let at_open = |e: Error| {
+            if e.code == &codes::SUBST_UNTERMINATED {
+                Error {
+                    start: open,
+                    end: open + 2,
+                    message: "`${` is never closed with `}`".to_owned(),
+                    ..e
+                }
+            } else {
+                e
+            }
+        };
+        let expr = self.expr().map_err(at_open)?;
         self.skip_ws();
         match self.peek() {
             Some(b'}') => {
@@ -538,6 +571,9 @@ impl<'a> Parser<'a> {
             }
             "datasources" => {
                 let name = self.required_name_accessor("datasources")?;
+                if !matches!(self.peek(), Some(b'.' | b'[')) {
+                    return Err(self.bad_ref(start, "a data source reference needs the exported field: `datasources.name.field`"));
+                }
                 let field = self.required_name_accessor(&format!("datasources.{}", name.text))?;
                 let mut rest = self.accessors()?.into_iter();
                 let index = rest.next();
@@ -746,7 +782,12 @@ mod tests {
     #[test]
     fn errors_are_reported_and_parsing_continues() {
         assert_eq!(parse("${variables.a.b}").1, ["T0203"]);
-        assert_eq!(parse("${datasources.net}").1, ["T0202"]);
+        assert_eq!(parse("${datasources.net}").1, ["T0203"]);
+        assert_eq!(
+            parse("${} ${a b} ${variables.x.y}").1,
+            ["T0205", "T0202", "T0203"]
+        );
+        assert_eq!(parse("${f(x ${variables.a.b}").1, ["T0202", "T0203"]);
         assert_eq!(parse("${children.core}").1, ["T0203"]);
         assert_eq!(parse("${}").1, ["T0205"]);
         assert_eq!(parse("${variables.a").1, ["T0201"]);

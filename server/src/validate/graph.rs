@@ -178,11 +178,15 @@ pub fn check_each_sources(bp: &Blueprint, graph: &Graph, diags: &mut Diagnostics
                     Diagnostic::new(
                         &codes::EACH_DEPENDS_ON_RESOURCE,
                         root_span,
-                        format!(
-                            "`each` of resource `{name}` depends on {}: {}",
-                            describe(bp, graph.nodes[v]),
-                            chain.join(" -> ")
-                        ),
+                        if chain.len() == 1 {
+                            format!("`each` of resource `{name}` depends on {}", chain[0])
+                        } else {
+                            format!(
+                                "`each` of resource `{name}` depends on {}: {}",
+                                describe(bp, graph.nodes[v]),
+                                chain.join(" -> ")
+                            )
+                        },
                     )
                     .with_hint("`each` is expanded before deployment; derive it from variables, values or data sources only"),
                 );

@@ -242,7 +242,7 @@ impl<'a> Checker<'a, '_> {
                 let targets = self.collect.take().unwrap_or_default();
                 self.graph.each_targets.push((i, targets));
             }
-            let ctx = self.ctx(NodeRef::Resource(i), r.each.is_some());
+            let ctx = self.ctx(NodeRef::Resource(i), r.has_each);
             let mut ts = Vec::new();
             r.element_templates(&mut |t| ts.push(t));
             for t in ts {
@@ -354,7 +354,8 @@ impl<'a> Checker<'a, '_> {
     /// typed values), checked where the type is known statically.
     fn expect_type(&mut self, t: &Template, want: Static, code: &'static Code, what: &str) {
         let got = self.typer().template(t);
-        if !got.fits(want) {
+        // A broken template or a function value is reported already.
+        if !t.broken && got != Static::Func && !got.fits(want) {
             let span = t.single_substitution().map_or(t.span, |s| s.span);
             self.push(
                 code,
@@ -495,9 +496,17 @@ impl<'a> Checker<'a, '_> {
                                 None,
                             );
                         }
-                        if sig.returns == crate::functions::Ty::Func
-                            && ctx.arg_of.is_none()
-                            && path.is_empty()
+                        if sig.returns == crate::functions::Ty::Func && !path.is_empty() {
+                            self.push(
+                                &codes::FUNCTION_VALUE,
+                                path[0].span(),
+                                format!(
+                                    "`{}(..)` returns a function, which has no fields or elements",
+                                    name.text
+                                ),
+                                None,
+                            );
+                        } else if sig.returns == crate::functions::Ty::Func && ctx.arg_of.is_none()
                         {
                             self.push(
                                 &codes::FUNCTION_VALUE,
@@ -552,6 +561,18 @@ impl<'a> Checker<'a, '_> {
                 return;
             }
         }
+        if found.is_none() && !prefixed && self.opts.functions.lookup(&name.text).is_some() {
+            self.push(
+                &codes::FUNCTION_VALUE,
+                e.span,
+                format!(
+                    "`{}` is a function; a function value has no fields or elements",
+                    name.text
+                ),
+                Some(format!("call it, `{}(..)`, and read the result", name.text)),
+            );
+            return;
+        }
         let Some(i) = found else {
             let mut cands: Vec<&str> = self.resources.keys().copied().collect();
             if !prefixed {
@@ -579,7 +600,7 @@ impl<'a> Checker<'a, '_> {
         self.edge(ctx, NodeRef::Resource(i), e.span);
         let r: &Resource = &self.bp.resources[i];
         let mut rest = path;
-        if r.each.is_some() {
+        if r.has_each {
             match rest.first() {
                 Some(Accessor::Index(..)) => rest = &rest[1..],
                 _ if ctx.arg_of == Some("link") && rest.is_empty() => return,

@@ -25,7 +25,7 @@ pub const FILTER_OPERATORS: &[&str] = &[
 ];
 
 pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
-    if bp.resources.is_empty() && bp.include.is_empty() {
+    if bp.resources.is_empty() && bp.include.is_empty() && !bp.malformed {
         diags.push(
             Diagnostic::new(
                 &codes::NOTHING_TO_DEPLOY,
@@ -45,7 +45,7 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
             unknown_type(&codes::VALUE_TYPE, ty, "value", VALUE_TYPES, diags);
             continue;
         }
-        if let Some(t) = &v.value {
+        if let Some(t) = v.value.as_ref().filter(|t| !t.broken) {
             value_shape(&ty.value, t, &v.name.value, diags);
         }
     }
@@ -129,7 +129,7 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
                 );
             }
         }
-        if let Some(each) = &r.each {
+        if let Some(each) = r.each.as_ref().filter(|t| !t.broken) {
             if each.single_substitution().is_none() {
                 let found = if each.has_substitutions() {
                     "text around the substitution"

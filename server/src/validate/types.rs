@@ -172,7 +172,22 @@ impl Typer<'_> {
                     continue;
                 };
                 let actual = self.infer(&a.value);
-                if !accepts(param, actual) {
+                if actual == Static::Func && param != Ty::Func {
+                    diags.push(
+                        Diagnostic::new(
+                            &codes::ARGUMENT_TYPE,
+                            a.value.span,
+                            format!(
+                                "`{}` argument {}{}: expected {}, found a function",
+                                name.text,
+                                i + 1,
+                                sig.params.get(i).map(|p| format!(" (`{}`)", p.name)).unwrap_or_default(),
+                                param.as_str()
+                            ),
+                        )
+                        .with_hint("functions can only be passed where a function is expected, as to `map` or `filter`"),
+                    );
+                } else if !accepts(param, actual) {
                     diags.push(Diagnostic::new(
                         &codes::ARGUMENT_TYPE,
                         a.value.span,
