@@ -1,29 +1,18 @@
 //! `trellis eval`: the blueprint console.
 
-use crate::blueprint::{self, Blueprint, Spanned, Variable};
 use crate::cli::{EvalArgs, OutputFormat, read_limited};
 use crate::diag::{self, Diagnostics};
-use crate::document::{self, Format};
-use crate::eval::blueprint::{Evaluation, evaluate, resolve_variables};
+use crate::eval::blueprint::Evaluation;
+use crate::eval::console::{Console, Outcome};
 use crate::eval::functions::Env;
 use crate::eval::render::{self, SENSITIVE_TEXT};
 use crate::eval::value::Value;
-use crate::functions::CoreFunctions;
-use crate::source::{SourceMap, Span};
-use crate::subst::{SpanMap, parse_template};
-use crate::validate::{self, Options};
+use crate::source::SourceMap;
 use serde_json::json;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
 pub fn run(args: &EvalArgs) -> ExitCode {
-    let mut sources = SourceMap::new();
-    let mut diags = Diagnostics::default();
-    let opts = Options {
-        functions: &CoreFunctions,
-        providers: None,
-        variables: &args.vars,
-    };
     let cwd = std::env::current_dir()
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -41,85 +30,39 @@ pub fn run(args: &EvalArgs) -> ExitCode {
         link: &link,
     };
 
-    // The blueprint (or, without one, a stand-in declaring the --var names).
-    let (bp, evaluation) = match &args.blueprint {
-        Some(path) => {
-            let bytes = match read_limited(path, args.max_input_size) {
-                Ok(b) => b,
-                Err(e) => {
-                    eprintln!("error: cannot read {path}: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let Some(file) =
-                document::load_bytes(&mut sources, path, bytes, args.max_input_size, &mut diags)
-            else {
-                return fail(args.format, &sources, diags);
-            };
-            let Some(root) = document::parse(&sources, file, Format::from_path(path), &mut diags)
-            else {
-                return fail(args.format, &sources, diags);
-            };
-            let src = sources.get(file);
-            let bp = blueprint::load(&root, src, file, &mut diags);
-            let graph = validate::validate(&bp, src, &opts, &mut diags);
-            if diags.has_errors() {
-                return fail(args.format, &sources, diags);
+    let blueprint = match &args.blueprint {
+        Some(path) => match read_limited(path, args.max_input_size) {
+            Ok(bytes) => Some((path.as_str(), bytes)),
+            Err(e) => {
+                eprintln!("error: cannot read {path}: {e}");
+                return ExitCode::from(2);
             }
-            let ev = evaluate(&bp, &graph, &args.vars, &env, &mut diags);
-            (bp, ev)
-        }
-        None => {
-            let bp = vars_only_blueprint(&args.vars);
-            let ev = resolve_variables(&bp, &args.vars);
-            (bp, ev)
-        }
+        },
+        None => None,
     };
-
+    let mut console = Console::new(blueprint, &args.vars, &env, args.max_input_size);
+    if !console.ready() {
+        return fail(args.format, &console.sources, console.diags);
+    }
     let mut out = String::new();
     if args.expand {
-        if diags.has_errors() {
-            return fail(args.format, &sources, diags);
-        }
         out.push_str(&match args.format {
-            OutputFormat::Json => expansion_json(&evaluation),
-            OutputFormat::Text => expansion_text(&evaluation),
+            OutputFormat::Json => expansion_json(&console.evaluation),
+            OutputFormat::Text => expansion_text(&console.evaluation),
         });
     }
     if let Some(expr) = &args.expr {
-        let file = sources.add("<expr>", expr.clone());
-        let map = SpanMap::verbatim(file, 0);
-        let mut local = Diagnostics::default();
-        let t = parse_template(expr, &map, Span::new(file, 0, expr.len()), &mut local);
-        if !local.has_errors() {
-            validate::check_template(&bp, &opts, &t, &mut local);
-        }
-        if local.has_errors() {
-            diags.extend(local.items);
-            return fail(args.format, &sources, diags);
-        }
-        let scope = evaluation.scope(&env, None);
-        let value = match scope.whole(&t) {
-            Ok(v) => v,
-            Err(e) => {
-                diags.push(e.into_diagnostic());
-                return fail(args.format, &sources, diags);
+        let outcome = console.eval(expr, &env);
+        out.push_str(&match (outcome, args.format) {
+            (Outcome::Failed, _) => return fail(args.format, &console.sources, console.diags),
+            (Outcome::Sensitive(_), OutputFormat::Json) => json!({"sensitive": true}).to_string(),
+            (Outcome::Unknown, OutputFormat::Json) => json!({"unknown": true}).to_string(),
+            (Outcome::Value(v), OutputFormat::Json) => {
+                json!({"value": render::to_json(&v)}).to_string()
             }
-        };
-        let secret = scope.touched_secret.get();
-        out.push_str(&match args.format {
-            OutputFormat::Json => {
-                let j = if secret {
-                    json!({"sensitive": true})
-                } else if value.is_unknown() {
-                    json!({"unknown": true})
-                } else {
-                    json!({"value": render::to_json(&value)})
-                };
-                j.to_string()
-            }
-            OutputFormat::Text if secret => SENSITIVE_TEXT.to_owned(),
-            OutputFormat::Text => render::to_text(&value),
+            (Outcome::Sensitive(_), OutputFormat::Text) => SENSITIVE_TEXT.to_owned(),
+            (Outcome::Unknown, OutputFormat::Text) => render::UNKNOWN_TEXT.to_owned(),
+            (Outcome::Value(v), OutputFormat::Text) => render::to_text(&v),
         });
         out.push('\n');
     }
@@ -150,31 +93,6 @@ fn fail(format: OutputFormat, sources: &SourceMap, mut diags: Diagnostics) -> Ex
     } else {
         ExitCode::SUCCESS
     }
-}
-
-/// Without a blueprint, every `--var` is a declared string variable.
-fn vars_only_blueprint(vars: &[(String, String)]) -> Blueprint {
-    let mut bp = Blueprint::default();
-    for (name, _) in vars {
-        if bp.variables.iter().any(|v| &v.name.value == name) {
-            continue;
-        }
-        bp.variables.push(Variable {
-            name: Spanned {
-                value: name.clone(),
-                span: Span::default(),
-            },
-            ty: Some(Spanned {
-                value: "string".into(),
-                span: Span::default(),
-            }),
-            description: None,
-            secret: false,
-            default: None,
-            allowed_values: None,
-        });
-    }
-    bp
 }
 
 fn expansion_json(ev: &Evaluation) -> String {

@@ -8,9 +8,11 @@
 //!   (lazy `and`/`or`, secrets tracked).
 //! - [`blueprint`]: variables, values in dependency order, `each` expansion,
 //!   conditions.
+//! - [`console`]: `trellis eval` as a library.
 //! - [`render`]: printing values with unknowns and secrets masked.
 
 pub mod blueprint;
+pub mod console;
 pub mod expr;
 pub mod functions;
 pub mod render;
