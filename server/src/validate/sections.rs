@@ -131,10 +131,10 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
         }
         if let Some(each) = r.each.as_ref().filter(|t| !t.broken) {
             if each.single_substitution().is_none() {
-                let found = if each.has_substitutions() {
-                    "text around the substitution"
-                } else {
-                    "no substitution"
+                let found = match each.substitutions().count() {
+                    0 => "no substitution",
+                    1 => "text around the substitution",
+                    _ => "several substitutions",
                 };
                 diags.push(
                     Diagnostic::new(
