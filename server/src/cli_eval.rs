@@ -111,8 +111,8 @@ fn expansion_json(ev: &Evaluation) -> String {
                 "index": x.index,
                 "type": x.ty,
                 "exists": exists,
-                "spec": render::to_json(&x.display_spec),
-                "metadata": render::to_json(&x.metadata),
+                "spec": render::to_json(ev.display_spec(x)),
+                "metadata": render::to_json(ev.metadata(x)),
             })
         })
         .collect();
@@ -167,7 +167,7 @@ fn expansion_text(ev: &Evaluation) -> String {
         let _ = writeln!(
             out,
             "    spec: {}",
-            indent(&render::to_text(&x.display_spec), 4)
+            indent(&render::to_text(ev.display_spec(x)), 4)
         );
     }
     out

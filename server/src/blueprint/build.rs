@@ -60,7 +60,14 @@ fn get<'n>(entries: &'n [(Key, Node)], name: &str) -> Option<&'n Node> {
 /// Finds `${` that is not the `$${` escape.
 fn has_substitution(s: &str) -> bool {
     let b = s.as_bytes();
-    memchr::memmem::find_iter(b, b"${").any(|i| i == 0 || b[i - 1] != b'$')
+    let mut from = 0;
+    while let Some(i) = crate::subst::find_open(b, from) {
+        if i == 0 || b[i - 1] != b'$' {
+            return true;
+        }
+        from = i + 2;
+    }
+    false
 }
 
 impl Builder<'_> {

@@ -25,13 +25,29 @@ pub struct Expanded {
     pub ty: String,
     /// `None` without a condition; otherwise `Bool` or `Unknown`.
     pub condition: Option<Value>,
-    pub spec: Value,
-    /// The spec with every field derived from a secret replaced by
-    /// `(sensitive)`: what may be printed.
-    pub display_spec: Value,
-    pub metadata: Value,
-    /// Some field of the spec or metadata read a secret.
-    pub sensitive: bool,
+    /// Index of the evaluated spec and metadata in [`Evaluation::instances`].
+    pub instance: usize,
+    /// When some field read a secret: the spec with those fields replaced by
+    /// `(sensitive)`, which is what may be printed.
+    pub masked_spec: Option<Value>,
+}
+
+impl Evaluation {
+    /// The evaluated spec of a resource.
+    pub fn spec(&self, x: &Expanded) -> &Value {
+        &self.instances[x.instance].spec
+    }
+
+    /// The spec as it may be printed: secrets masked.
+    pub fn display_spec<'a>(&'a self, x: &'a Expanded) -> &'a Value {
+        x.masked_spec
+            .as_ref()
+            .unwrap_or(&self.instances[x.instance].spec)
+    }
+
+    pub fn metadata(&self, x: &Expanded) -> &Value {
+        &self.instances[x.instance].metadata
+    }
 }
 
 impl Expanded {
@@ -51,6 +67,7 @@ pub struct Evaluation {
     pub secret_values: Vec<String>,
     pub resources: Vec<Expanded>,
     pub entries: IndexMap<String, ResourceEntry>,
+    pub instances: Vec<ResourceValue>,
     pub datasources: IndexMap<String, IndexMap<String, Value>>,
     pub children: IndexMap<String, Value>,
 }
@@ -66,6 +83,7 @@ impl Evaluation {
             datasources: &self.datasources,
             children: &self.children,
             resources: &self.entries,
+            instances: &self.instances,
             elem,
             env,
             touched_secret: Cell::new(false),
@@ -195,20 +213,15 @@ fn convert(v: Value, declared: &str) -> Result<Value, String> {
 
 fn expand(r: &Resource, ev: &mut Evaluation, env: &Env<'_>, diags: &mut Diagnostics) {
     let name = r.name.value.clone();
-    let ty = r.ty.as_ref().map(|t| t.value.clone()).unwrap_or_default();
     let Some(each) = &r.each else {
-        let x = instance(r, &name, None, None, ev, env, diags);
-        let entry = if x.included() {
-            ResourceEntry::Single(ResourceValue {
-                spec: x.spec.clone(),
-                metadata: x.metadata.clone(),
-                state: None,
-            })
+        let (x, value) = instance(r, &name, None, None, ev, env, diags);
+        let index = push_instance(ev, x, value);
+        let entry = if ev.resources[index.0].included() {
+            ResourceEntry::Single(index.1)
         } else {
             ResourceEntry::Pending
         };
         ev.entries.insert(name, entry);
-        ev.resources.push(x);
         return;
     };
     let items = match ev.scope(env, None).whole(each) {
@@ -237,10 +250,9 @@ fn expand(r: &Resource, ev: &mut Evaluation, env: &Env<'_>, diags: &mut Diagnost
             return;
         }
     };
-    let _ = ty;
     let mut elements = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let x = instance(
+        let (x, value) = instance(
             r,
             &format!("{name}_{i}"),
             Some(i),
@@ -249,14 +261,17 @@ fn expand(r: &Resource, ev: &mut Evaluation, env: &Env<'_>, diags: &mut Diagnost
             env,
             diags,
         );
-        elements.push(ResourceValue {
-            spec: x.spec.clone(),
-            metadata: x.metadata.clone(),
-            state: None,
-        });
-        ev.resources.push(x);
+        elements.push(push_instance(ev, x, value).1);
     }
     ev.entries.insert(name, ResourceEntry::Template(elements));
+}
+
+/// Stores a concrete resource; returns its index in `resources` and `instances`.
+fn push_instance(ev: &mut Evaluation, mut x: Expanded, value: ResourceValue) -> (usize, usize) {
+    x.instance = ev.instances.len();
+    ev.instances.push(value);
+    ev.resources.push(x);
+    (ev.resources.len() - 1, ev.instances.len() - 1)
 }
 
 fn instance(
@@ -267,7 +282,7 @@ fn instance(
     ev: &Evaluation,
     env: &Env<'_>,
     diags: &mut Diagnostics,
-) -> Expanded {
+) -> (Expanded, ResourceValue) {
     let scope = ev.scope(env, elem.map(|e| (e, index.unwrap_or(0))));
     let condition = r.condition.as_ref().map(|c| match condition(c, &scope) {
         Ok(v) => v,
@@ -277,9 +292,17 @@ fn instance(
         }
     });
     let mut report = |e: EvalError| diags.push(e.into_diagnostic());
-    let (spec, display_spec) = match &r.spec {
-        Some(s) => node_masked(s, &scope, &mut report),
-        None => (Value::Map(IndexMap::new()), Value::Map(IndexMap::new())),
+    let spec = match &r.spec {
+        Some(s) => node(s, &scope, &mut report),
+        None => Value::Map(IndexMap::new()),
+    };
+    // Only a resource that read a secret pays for a masked copy.
+    let masked_spec = match &r.spec {
+        Some(s) if scope.touched_secret.get() => {
+            let quiet = ev.scope(env, elem.map(|e| (e, index.unwrap_or(0))));
+            Some(node_masked(s, &quiet, &mut |_| {}).1)
+        }
+        _ => None,
     };
     let mut md = IndexMap::new();
     if let Some(d) = &r.metadata.display_name {
@@ -308,17 +331,21 @@ fn instance(
     if let Some(c) = &r.metadata.custom {
         md.insert("custom".to_owned(), node(c, &scope, &mut report));
     }
-    Expanded {
+    let x = Expanded {
         name: name.to_owned(),
         template: r.name.value.clone(),
         index,
         ty: r.ty.as_ref().map(|t| t.value.clone()).unwrap_or_default(),
         condition,
+        instance: 0,
+        masked_spec,
+    };
+    let value = ResourceValue {
         spec,
-        display_spec,
         metadata: Value::Map(md),
-        sensitive: scope.touched_secret.get(),
-    }
+        state: None,
+    };
+    (x, value)
 }
 
 /// A condition tree, short-circuiting `and` and `or`. An unknown operand

@@ -47,14 +47,16 @@ pub struct ResourceValue {
     pub state: Option<Value>,
 }
 
-/// A resource as references see it: one, or the elements of a template.
+/// A resource as references see it: indexes into [`Scope::instances`].
 #[derive(Clone, Debug)]
 pub enum ResourceEntry {
-    Single(ResourceValue),
-    Template(Vec<ResourceValue>),
-    /// Not evaluated (yet): every read is unknown.
+    Single(usize),
+    Template(Vec<usize>),
+    /// Not evaluated (yet), or excluded by its condition: reads are unknown.
     Pending,
 }
+
+static UNKNOWN: Value = Value::Unknown;
 
 /// Everything a substitution can read.
 pub struct Scope<'a> {
@@ -71,6 +73,8 @@ pub struct Scope<'a> {
     /// Exports of child blueprints; absent means unknown.
     pub children: &'a IndexMap<String, Value>,
     pub resources: &'a IndexMap<String, ResourceEntry>,
+    /// The concrete resources `resources` points into.
+    pub instances: &'a [ResourceValue],
     /// The current element and index inside an `each` template.
     pub elem: Option<(&'a Value, usize)>,
     pub env: &'a Env<'a>,
@@ -172,13 +176,13 @@ impl Scope<'_> {
                         format!("unknown value `{}`", n.text),
                     )
                 })?;
-                access(v.clone(), path, &format!("values.{}", n.text))
+                access(v, path, &format!("values.{}", n.text))
             }
             ExprKind::DataSource { name, field, index } => {
                 let Some(fields) = self.datasources.get(&name.text) else {
                     return Ok(Value::Unknown);
                 };
-                let v = fields.get(&field.text).cloned().unwrap_or(Value::Unknown);
+                let v = fields.get(&field.text).unwrap_or(&UNKNOWN);
                 access(
                     v,
                     index.as_slice(),
@@ -186,7 +190,7 @@ impl Scope<'_> {
                 )
             }
             ExprKind::Child(n, path) => match self.children.get(&n.text) {
-                Some(v) => access(v.clone(), path, &format!("children.{}", n.text)),
+                Some(v) => access(v, path, &format!("children.{}", n.text)),
                 None => Ok(Value::Unknown),
             },
             ExprKind::Resource {
@@ -202,7 +206,7 @@ impl Scope<'_> {
                 self.resource(e, &name.text, path)
             }
             ExprKind::Elem(path) => match self.elem {
-                Some((v, _)) => access(v.clone(), path, "elem"),
+                Some((v, _)) => access(v, path, "elem"),
                 None => Err(EvalError::new(
                     &codes::ELEM_OUTSIDE_EACH,
                     e.span,
@@ -219,7 +223,10 @@ impl Scope<'_> {
             },
             ExprKind::Call { name, args, path } => {
                 let v = self.call(e, &name.text, args)?;
-                access(v, path, &format!("{}(..)", name.text))
+                if path.is_empty() {
+                    return Ok(v);
+                }
+                access(&v, path, &format!("{}(..)", name.text))
             }
         }
     }
@@ -235,12 +242,12 @@ impl Scope<'_> {
                 ));
             }
             Some(ResourceEntry::Pending) => return Ok(Value::Unknown),
-            Some(ResourceEntry::Single(r)) => (r, path),
+            Some(ResourceEntry::Single(r)) => (&self.instances[*r], path),
             Some(ResourceEntry::Template(items)) => match path.first() {
                 Some(Accessor::Index(i, span)) => {
                     let i = i.unwrap_or(0) as usize;
                     match items.get(i) {
-                        Some(r) => (r, &path[1..]),
+                        Some(r) => (&self.instances[*r], &path[1..]),
                         None => {
                             return Err(EvalError::new(
                                 &codes::EVALUATION,
@@ -276,13 +283,13 @@ impl Scope<'_> {
             "spec" => {
                 // A field the blueprint does not set may be computed by the
                 // provider: unknown until deploy, not an error.
-                Ok(access_lenient(value.spec.clone(), rest).unwrap_or(Value::Unknown))
+                Ok(access(&value.spec, rest, "").unwrap_or(Value::Unknown))
             }
             "state" => match &value.state {
-                Some(s) => access(s.clone(), rest, &format!("{label}.state")),
+                Some(s) => access(s, rest, &format!("{label}.state")),
                 None => Ok(Value::Unknown),
             },
-            "metadata" => access(value.metadata.clone(), rest, &format!("{label}.metadata")),
+            "metadata" => access(&value.metadata, rest, &format!("{label}.metadata")),
             other => Err(EvalError::new(
                 &codes::RESOURCE_FIELD,
                 e.span,
@@ -340,36 +347,41 @@ impl Scope<'_> {
     }
 }
 
-/// Follows accessors; a missing field or index is an error naming the path.
-fn access(mut v: Value, path: &[Accessor], label: &str) -> Result<Value> {
-    let mut where_ = label.to_owned();
-    for a in path {
-        v = match (v, a) {
+/// Follows accessors and copies out only what they reach; a missing field
+/// or index is an error naming the path.
+fn access(v: &Value, path: &[Accessor], label: &str) -> Result<Value> {
+    let mut cur = v;
+    for (depth, a) in path.iter().enumerate() {
+        let where_ = || describe_path(label, &path[..depth]);
+        cur = match (cur, a) {
             (Value::Unknown, _) => return Ok(Value::Unknown),
-            (Value::Map(mut m), Accessor::Field(f)) => match m.swap_remove(&f.text) {
+            (Value::Map(m), Accessor::Field(f)) => match m.get(&f.text) {
                 Some(x) => x,
                 None => {
                     return Err(EvalError::new(
                         &codes::EVALUATION,
                         f.span,
-                        format!("{where_} has no field `{}`", f.text),
+                        format!("{} has no field `{}`", where_(), f.text),
                     ));
                 }
             },
-            (Value::List(mut items), Accessor::Index(i, span)) => {
+            (Value::List(items), Accessor::Index(i, span)) => {
                 let i = i.unwrap_or(0) as usize;
-                if i >= items.len() {
-                    return Err(EvalError::new(
-                        &codes::EVALUATION,
-                        *span,
-                        format!(
-                            "{where_} has {} element{}; index {i} is out of range",
-                            items.len(),
-                            if items.len() == 1 { "" } else { "s" }
-                        ),
-                    ));
+                match items.get(i) {
+                    Some(x) => x,
+                    None => {
+                        return Err(EvalError::new(
+                            &codes::EVALUATION,
+                            *span,
+                            format!(
+                                "{} has {} element{}; index {i} is out of range",
+                                where_(),
+                                items.len(),
+                                if items.len() == 1 { "" } else { "s" }
+                            ),
+                        ));
+                    }
                 }
-                items.swap_remove(i)
             }
             (other, a) => {
                 let what = match a {
@@ -380,26 +392,30 @@ fn access(mut v: Value, path: &[Accessor], label: &str) -> Result<Value> {
                     &codes::EVALUATION,
                     a.span(),
                     format!(
-                        "{where_} is {}, which has no {what}",
+                        "{} is {}, which has no {what}",
+                        where_(),
                         article(other.type_name())
                     ),
                 ));
             }
         };
-        match a {
-            Accessor::Field(f) => {
-                where_.push('.');
-                where_.push_str(&f.text);
-            }
-            Accessor::Index(i, _) => where_.push_str(&format!("[{}]", i.unwrap_or(0))),
-        }
     }
-    Ok(v)
+    Ok(cur.clone())
 }
 
-/// Like [`access`], but a missing field gives `None` instead of an error.
-fn access_lenient(v: Value, path: &[Accessor]) -> Option<Value> {
-    access(v, path, "").ok()
+/// `values.cfg.hosts[0]`: the label and the accessors followed so far.
+fn describe_path(label: &str, path: &[Accessor]) -> String {
+    let mut out = label.to_owned();
+    for a in path {
+        match a {
+            Accessor::Field(f) => {
+                out.push('.');
+                out.push_str(&f.text);
+            }
+            Accessor::Index(i, _) => out.push_str(&format!("[{}]", i.unwrap_or(0))),
+        }
+    }
+    out
 }
 
 fn article(type_name: &str) -> String {

@@ -11,7 +11,7 @@
 
 mod parser;
 
-pub use parser::{SpanMap, parse_expression, parse_template};
+pub use parser::{SpanMap, find_open, parse_expression, parse_template};
 
 use crate::source::Span;
 

@@ -85,10 +85,23 @@ fn align(value: &str, raw: &str, raw_start: u32) -> Vec<u32> {
     table
 }
 
+/// The next `${` at or after `from`. A `$` scan is faster than a substring
+/// searcher for a two-byte needle in millions of short strings.
+pub fn find_open(b: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    while let Some(d) = memchr::memchr(b'$', b.get(i..)?) {
+        if b.get(i + d + 1) == Some(&b'{') {
+            return Some(i + d);
+        }
+        i += d + 1;
+    }
+    None
+}
+
 /// Parses a string that may contain `${..}` substitutions. A string without
 /// `${` costs one memchr scan.
 pub fn parse_template(s: &str, map: &SpanMap, whole: Span, diags: &mut Diagnostics) -> Template {
-    if memchr::memmem::find(s.as_bytes(), b"${").is_none() {
+    if find_open(s.as_bytes(), 0).is_none() {
         return Template {
             parts: vec![Part::Lit(s.to_owned())],
             span: whole,
@@ -160,7 +173,7 @@ fn recover(b: &[u8], open: usize, code: &Code, start: usize, end: usize) -> usiz
     }
     let from = start.max(open + 2).min(b.len());
     let close = memchr::memchr(b'}', &b[from..]).map(|j| from + j + 1);
-    let next_open = memchr::memmem::find(&b[from..], b"${").map(|j| from + j);
+    let next_open = find_open(b, from);
     match (close, next_open) {
         (Some(c), Some(o)) if o < c => o,
         (Some(c), _) => c,
