@@ -9,7 +9,9 @@ YAML and JSON under bench/out/, then times:
     around the call only (the baseline the YAML target is stated against);
   - Python's `json.load`, likewise;
   - `trellis validate FILE` as a whole process (start-up, read, parse,
-    validate, print), from fork to exit.
+    validate, print), from fork to exit;
+  - `trellis eval --blueprint FILE '${values.prefix}'`, which validates and
+    then evaluates every value and resource (the cost evaluation adds).
 Each figure is the median of N runs (default 7). Prints a Markdown table.
 Build the binary first: cargo build --release -p trellis
 """
@@ -79,16 +81,26 @@ def main():
                     sys.exit("trellis validate %s failed (exit %d)" % (path, r.returncode))
 
             tr = median_time(run, args.runs)
+
+            def run_eval(path=path):
+                # Evaluates every value and every resource (each expanded,
+                # conditions applied) before printing one value.
+                r = subprocess.run([args.binary, "eval", "--blueprint", path, "${values.prefix}"],
+                                   stdout=subprocess.DEVNULL)
+                if r.returncode != 0:
+                    sys.exit("trellis eval on %s failed (exit %d)" % (path, r.returncode))
+
+            ev = median_time(run_eval, args.runs)
             baseline = "yaml.CSafeLoader" if fmt == "yaml" else "json.load"
-            rows.append((n, fmt, size, baseline, py, tr))
+            rows.append((n, fmt, size, baseline, py, tr, ev))
 
     print("machine: %s, %d cores, Python %s" % (platform.platform(), os.cpu_count(), platform.python_version()))
     print("median of %d runs\n" % args.runs)
-    print("| resources | format | size | Python baseline | baseline | trellis validate (whole process) | ratio |")
-    print("| ---: | --- | ---: | --- | ---: | ---: | ---: |")
-    for n, fmt, size, base, py, tr in rows:
-        print("| %d | %s | %.1f MB | %s | %.1f ms | %.1f ms | %.3f |" % (
-            n, fmt, size / 1e6, base, py * 1e3, tr * 1e3, tr / py))
+    print("| resources | format | size | Python baseline | baseline | `trellis validate` | validate / baseline | `trellis eval --blueprint` | eval / validate |")
+    print("| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for n, fmt, size, base, py, tr, ev in rows:
+        print("| %d | %s | %.1f MB | %s | %.1f ms | %.1f ms | %.3f | %.1f ms | %.2f |" % (
+            n, fmt, size / 1e6, base, py * 1e3, tr * 1e3, tr / py, ev * 1e3, ev / tr))
 
 
 if __name__ == "__main__":
