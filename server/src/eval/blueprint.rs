@@ -155,19 +155,42 @@ pub fn evaluate(
         ev.entries
             .insert(r.name.value.clone(), ResourceEntry::Pending);
     }
+    // Nothing can be planned without every input: report each missing one
+    // once, where it is declared, rather than at every reference.
+    if !ev.missing_variables.is_empty() {
+        for v in bp
+            .variables
+            .iter()
+            .filter(|v| ev.missing_variables.contains(&v.name.value))
+        {
+            diags.push(
+                Diagnostic::new(
+                    &codes::VARIABLE_REQUIRED,
+                    v.name.span,
+                    format!(
+                        "variable `{}` has no default and no value was given",
+                        v.name.value
+                    ),
+                )
+                .with_hint(format!("pass it with --var {}=...", v.name.value)),
+            );
+        }
+        return ev;
+    }
     for node in graph.dependency_order() {
         match node {
             NodeRef::Value(i) => {
                 let def = &bp.values[i];
                 let Some(t) = &def.value else { continue };
                 let declared = def.ty.as_ref().map_or("string", |t| t.value.as_str());
-                let result = ev.scope(env, None).whole(t).and_then(|v| {
+                let scope = ev.scope(env, None);
+                let result = scope.guard(scope.whole(t).and_then(|v| {
                     convert(v, declared).map_err(|msg| EvalError {
                         code: &codes::VALUE_TYPE_MISMATCH,
                         span: t.span,
                         message: format!("value `{}`: {msg}", def.name.value),
                     })
-                });
+                }));
                 let value = match result {
                     Ok(v) => v,
                     Err(e) => {
@@ -291,7 +314,7 @@ fn instance(
             Value::Unknown
         }
     });
-    let mut report = |e: EvalError| diags.push(e.into_diagnostic());
+    let mut report = |e: EvalError| diags.push(scope.hide(e).into_diagnostic());
     let spec = match &r.spec {
         Some(s) => node(s, &scope, &mut report),
         None => Value::Map(IndexMap::new()),

@@ -106,7 +106,7 @@ impl Console {
             return Outcome::Failed;
         }
         let scope = self.evaluation.scope(env, None);
-        match scope.whole(&t) {
+        match scope.guard(scope.whole(&t)) {
             Ok(v) if scope.touched_secret.get() => Outcome::Sensitive(v),
             Ok(Value::Unknown) => Outcome::Unknown,
             Ok(v) => Outcome::Value(v),

@@ -83,6 +83,21 @@ pub struct Scope<'a> {
 }
 
 impl Scope<'_> {
+    /// Hides an error's message when the evaluation read a secret: function
+    /// errors may quote their input.
+    pub fn hide(&self, mut e: EvalError) -> EvalError {
+        if self.touched_secret.get() {
+            e.message =
+                "evaluation failed on a value derived from a secret (details hidden)".to_owned();
+        }
+        e
+    }
+
+    /// [`Scope::hide`] for a result.
+    pub fn guard<T>(&self, r: Result<T>) -> Result<T> {
+        r.map_err(|e| self.hide(e))
+    }
+
     /// Evaluates a template where it stands for a field: exactly one
     /// substitution yields its value unchanged, anything else a string.
     pub fn template(&self, t: &Template) -> Result<Value> {

@@ -216,6 +216,15 @@ fn scalar_eq(a: &Scalar, b: &Scalar) -> bool {
     }
 }
 
+/// A variable's default or allowed value as a message may show it.
+fn show(v: &Variable, s: &Scalar) -> String {
+    if v.secret {
+        "(secret)".to_owned()
+    } else {
+        s.render()
+    }
+}
+
 fn variable(v: &Variable, diags: &mut Diagnostics) {
     let Some(ty) = &v.ty else { return };
     let t = ty.value.as_str();
@@ -249,7 +258,7 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
                         "the default of variable `{}` must be {label}, found {} {}",
                         v.name.value,
                         def.value.type_name(),
-                        def.value.render()
+                        show(v, &def.value)
                     ),
                 )
                 .with_hint(if matches!(def.value, Scalar::Str(_)) {
@@ -279,7 +288,7 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
                     a.span,
                     format!(
                         "allowed value {} of variable `{}` is {}, not {label}",
-                        a.value.render(),
+                        show(v, &a.value),
                         v.name.value,
                         crate::blueprint::article_of(a.value.type_name()),
                     ),
@@ -292,14 +301,14 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
                 .iter()
                 .any(|a| scalar_eq(&a.value, &def.value))
             {
-                let list: Vec<String> = allowed.value.iter().map(|a| a.value.render()).collect();
+                let list: Vec<String> = allowed.value.iter().map(|a| show(v, &a.value)).collect();
                 diags.push(
                     Diagnostic::new(
                         &codes::VARIABLE_DEFAULT_NOT_ALLOWED,
                         def.span,
                         format!(
                             "the default {} of variable `{}` is not one of its allowed values",
-                            def.value.render(),
+                            show(v, &def.value),
                             v.name.value
                         ),
                     )
@@ -360,7 +369,7 @@ fn supplied_variables(bp: &Blueprint, supplied: &[(String, String)], diags: &mut
         };
         if let Some(allowed) = &var.allowed_values {
             if !allowed.value.iter().any(|a| scalar_eq(&a.value, &value)) {
-                let list: Vec<String> = allowed.value.iter().map(|a| a.value.render()).collect();
+                let list: Vec<String> = allowed.value.iter().map(|a| show(var, &a.value)).collect();
                 diags.push(
                     Diagnostic::new(
                         &codes::VARIABLE_INPUT,
