@@ -212,3 +212,116 @@ fn explain_describes_codes_and_the_docs_page_matches_the_registry() {
         "docs/diagnostics.md is stale: regenerate it with `trellis explain --all > docs/diagnostics.md`"
     );
 }
+
+fn eval_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let out = trellis()
+        .arg("eval")
+        .args(args)
+        .args(["--format", "json"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (out.status.code(), v)
+}
+
+#[test]
+fn eval_prints_the_documented_json_shapes() {
+    let (code, v) = eval_json(&[
+        "${map(split(variables.x, \",\"), to_upper)}",
+        "--var",
+        "x=a,b",
+    ]);
+    assert_eq!(
+        (code, v),
+        (Some(0), serde_json::json!({"value": ["A", "B"]}))
+    );
+    let bp = "examples/orders-api.yaml";
+    let (code, v) = eval_json(&["--blueprint", bp, "${resources.ordersTable.state.arn}"]);
+    assert_eq!((code, v), (Some(0), serde_json::json!({"unknown": true})));
+    let (code, v) = eval_json(&["--blueprint", bp, "${variables.databasePassword}"]);
+    assert_eq!((code, v), (Some(0), serde_json::json!({"sensitive": true})));
+    let (code, v) = eval_json(&["${substr(\"abc\", \"1\")}"]);
+    assert_eq!(code, Some(1));
+    let d = &v["diagnostics"][0];
+    assert_eq!(d["code"], "T0701");
+    assert!(
+        d["message"]
+            .as_str()
+            .unwrap()
+            .contains("`substr` argument 2"),
+        "{d}"
+    );
+    assert_eq!(
+        (d["line"].as_u64(), d["column"].as_u64()),
+        (Some(1), Some(17))
+    );
+    let (code, v) = eval_json(&["${datetime(\"rfc3339\")}", "--now", "1681985730"]);
+    assert_eq!(
+        (code, v),
+        (
+            Some(0),
+            serde_json::json!({"value": "2023-04-20T10:15:30Z"})
+        )
+    );
+}
+
+#[test]
+fn eval_expand_shows_each_conditions_and_masks_secrets() {
+    let (code, v) = eval_json(&[
+        "--blueprint",
+        "examples/orders-api.yaml",
+        "--expand",
+        "--var",
+        "environment=production",
+    ]);
+    assert_eq!(code, Some(0));
+    let resources = v["resources"].as_array().unwrap();
+    let names: Vec<&str> = resources
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "ordersTable",
+            "buckets_0",
+            "buckets_1",
+            "debugBucket",
+            "saveOrderFunction"
+        ]
+    );
+    assert_eq!(
+        resources[2]["spec"]["bucketName"],
+        "orders-production-invoices-1"
+    );
+    assert_eq!(resources[2]["index"], 1);
+    assert_eq!(resources[3]["exists"], false);
+    let env = &resources[4]["spec"]["environment"]["variables"];
+    assert_eq!(env["DATABASE_PASSWORD"], "(sensitive)");
+    assert_eq!(env["FIRST_BUCKET"], "orders-production-orders-0");
+    assert!(!v.to_string().contains("change-me"));
+}
+
+#[test]
+fn eval_reports_missing_required_variables() {
+    let dir = temp_dir("required");
+    let path = write(
+        &dir,
+        "bp.yaml",
+        "version: 2023-04-20\nvariables:\n  region:\n    type: string\nresources:\n  a:\n    type: x/y\n    spec:\n      r: ${variables.region}\n",
+    );
+    let (code, v) = eval_json(&["--blueprint", &path, "${1}"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(v["diagnostics"][0]["code"], "T0707");
+    assert_eq!(v["diagnostics"][0]["line"], 3);
+    let (code, v) = eval_json(&[
+        "--blueprint",
+        &path,
+        "${variables.region}",
+        "--var",
+        "region=eu",
+    ]);
+    assert_eq!((code, v), (Some(0), serde_json::json!({"value": "eu"})));
+}
