@@ -1,4 +1,16 @@
-//! Generated protobuf code for `trellis.engine.v1` and `trellis.plugin.v1`.
+//! Generated code for the Trellis protocols.
 //!
-//! Empty until the plugin protocol lands (issue 4); the crate exists so the
-//! workspace layout matches ARCHITECTURE.md from the first commit.
+//! - [`plugin::v1`]: the plugin protocol (`proto/trellis/plugin/v1/`), spoken
+//!   between the engine and its provider and transformer plugins. The .proto
+//!   files are the contract; docs/plugin-protocol.md explains them.
+
+pub mod plugin {
+    pub mod v1 {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("trellis.plugin.v1");
+    }
+}
+
+/// The encoded `FileDescriptorSet` of every Trellis .proto file, for gRPC
+/// reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/trellis_descriptor.bin"));
