@@ -13,4 +13,5 @@ pub mod plugin {
 
 /// The encoded `FileDescriptorSet` of every Trellis .proto file, for gRPC
 /// reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/trellis_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/trellis_descriptor.bin"));

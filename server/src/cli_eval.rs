@@ -67,6 +67,8 @@ pub fn run(args: &EvalArgs) -> ExitCode {
         out.push('\n');
     }
     print!("{out}");
+    // The process ends here; tearing down a large evaluation only costs time.
+    std::mem::forget(console);
     ExitCode::SUCCESS
 }
 

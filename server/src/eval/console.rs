@@ -68,6 +68,8 @@ impl Console {
                 };
                 let src = c.sources.get(file);
                 c.blueprint = blueprint::load(&root, src, file, &mut c.diags);
+                // The tree is no longer needed: its memory is reused below.
+                drop(root);
                 let graph = validate::validate(&c.blueprint, src, &opts, &mut c.diags);
                 if !c.diags.has_errors() {
                     c.evaluation = evaluate(&c.blueprint, &graph, vars, env, &mut c.diags);

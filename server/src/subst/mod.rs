@@ -29,7 +29,9 @@ pub struct Template {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Part {
     Lit(String),
-    Sub(Subst),
+    /// Boxed: most parts are literals, and a literal should not pay for the
+    /// size of an expression tree.
+    Sub(Box<Subst>),
 }
 
 /// One `${..}`.
@@ -128,7 +130,7 @@ impl Template {
         let mut found = None;
         for p in &self.parts {
             match p {
-                Part::Sub(s) if found.is_none() => found = Some(s),
+                Part::Sub(s) if found.is_none() => found = Some(&**s),
                 Part::Sub(_) => return None,
                 Part::Lit(l) if l.trim().is_empty() => {}
                 Part::Lit(_) => return None,
@@ -161,7 +163,7 @@ impl Template {
 
     pub fn substitutions(&self) -> impl Iterator<Item = &Subst> {
         self.parts.iter().filter_map(|p| match p {
-            Part::Sub(s) => Some(s),
+            Part::Sub(s) => Some(&**s),
             Part::Lit(_) => None,
         })
     }

@@ -136,7 +136,7 @@ pub fn parse_template(s: &str, map: &SpanMap, whole: Span, diags: &mut Diagnosti
             };
             match p.substitution(i) {
                 Ok(sub) => {
-                    parts.push(Part::Sub(sub));
+                    parts.push(Part::Sub(Box::new(sub)));
                     i = p.pos;
                 }
                 Err(e) => {
