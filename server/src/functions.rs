@@ -18,6 +18,8 @@ pub enum Ty {
     Number,
     /// `string | array`
     StringOrArray,
+    /// `string | array | object` (what `len` measures).
+    Sized,
     /// `string | ResourceRef` (the arguments of `link`).
     ResourceName,
     /// A function value.
@@ -36,6 +38,7 @@ impl Ty {
             Ty::Object => "object",
             Ty::Number => "integer | float",
             Ty::StringOrArray => "string | array",
+            Ty::Sized => "string | array | object",
             Ty::ResourceName => "string | resource",
             Ty::Func => "function",
         }
@@ -158,7 +161,7 @@ pub static CORE: &[Signature] = &[
     ),
     sig!(
         "len",
-        [p("value", Any)],
+        [p("value", Sized)],
         Integer,
         "Length of a string (in characters), array or mapping."
     ),

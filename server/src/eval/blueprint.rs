@@ -27,9 +27,6 @@ pub struct Expanded {
     pub condition: Option<Value>,
     /// Index of the evaluated spec and metadata in [`Evaluation::instances`].
     pub instance: usize,
-    /// When some field read a secret: the spec with those fields replaced by
-    /// `(sensitive)`, which is what may be printed.
-    pub masked_spec: Option<Value>,
 }
 
 impl Evaluation {
@@ -40,9 +37,8 @@ impl Evaluation {
 
     /// The spec as it may be printed: secrets masked.
     pub fn display_spec<'a>(&'a self, x: &'a Expanded) -> &'a Value {
-        x.masked_spec
-            .as_ref()
-            .unwrap_or(&self.instances[x.instance].spec)
+        let v = &self.instances[x.instance];
+        v.masked_spec.as_ref().unwrap_or(&v.spec)
     }
 
     pub fn metadata(&self, x: &Expanded) -> &Value {
@@ -191,6 +187,8 @@ pub fn evaluate(
                         message: format!("value `{}`: {msg}", def.name.value),
                     })
                 }));
+                // A value computed from a secret is itself secret.
+                let tainted = scope.touched_secret.get();
                 let value = match result {
                     Ok(v) => v,
                     Err(e) => {
@@ -198,6 +196,9 @@ pub fn evaluate(
                         Value::Unknown
                     }
                 };
+                if tainted && !def.secret {
+                    ev.secret_values.push(def.name.value.clone());
+                }
                 ev.values.insert(def.name.value.clone(), value);
             }
             NodeRef::Resource(i) => expand(&bp.resources[i], &mut ev, env, diags),
@@ -239,12 +240,7 @@ fn expand(r: &Resource, ev: &mut Evaluation, env: &Env<'_>, diags: &mut Diagnost
     let Some(each) = &r.each else {
         let (x, value) = instance(r, &name, None, None, ev, env, diags);
         let index = push_instance(ev, x, value);
-        let entry = if ev.resources[index.0].included() {
-            ResourceEntry::Single(index.1)
-        } else {
-            ResourceEntry::Pending
-        };
-        ev.entries.insert(name, entry);
+        ev.entries.insert(name, ResourceEntry::Single(index.1));
         return;
     };
     let items = match ev.scope(env, None).whole(each) {
@@ -361,12 +357,13 @@ fn instance(
         ty: r.ty.as_ref().map(|t| t.value.clone()).unwrap_or_default(),
         condition,
         instance: 0,
-        masked_spec,
     };
     let value = ResourceValue {
         spec,
         metadata: Value::Map(md),
         state: None,
+        masked_spec,
+        exists: x.included(),
     };
     (x, value)
 }

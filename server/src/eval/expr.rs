@@ -45,6 +45,12 @@ pub struct ResourceValue {
     pub metadata: Value,
     /// `None` until deployed: reads are unknown.
     pub state: Option<Value>,
+    /// When some field was derived from a secret: the spec with those fields
+    /// replaced by `(sensitive)`. A read that differs between the two read
+    /// a secret.
+    pub masked_spec: Option<Value>,
+    /// False when the resource's condition excluded it: reads are unknown.
+    pub exists: bool,
 }
 
 /// A resource as references see it: indexes into [`Scope::instances`].
@@ -213,7 +219,9 @@ impl Scope<'_> {
                 path,
                 prefixed,
             } => {
-                if !prefixed && path.is_empty() && !self.resources.contains_key(&name.text) {
+                // A bare name is a function when one has that name (`link`
+                // resolves its arguments as resources itself).
+                if !prefixed && path.is_empty() {
                     if let Some(f) = function_value(&name.text) {
                         return Ok(Value::Func(f));
                     }
@@ -284,6 +292,9 @@ impl Scope<'_> {
                 }
             },
         };
+        if !value.exists {
+            return Ok(Value::Unknown);
+        }
         let (section, rest) = match rest.first() {
             Some(Accessor::Field(f)) => (f.text.as_str(), &rest[1..]),
             _ => {
@@ -298,7 +309,13 @@ impl Scope<'_> {
             "spec" => {
                 // A field the blueprint does not set may be computed by the
                 // provider: unknown until deploy, not an error.
-                Ok(access(&value.spec, rest, "").unwrap_or(Value::Unknown))
+                let read = access(&value.spec, rest, "").unwrap_or(Value::Unknown);
+                if let Some(masked) = &value.masked_spec {
+                    if access(masked, rest, "").ok().as_ref() != Some(&read) {
+                        self.touched_secret.set(true);
+                    }
+                }
+                Ok(read)
             }
             "state" => match &value.state {
                 Some(s) => access(s, rest, &format!("{label}.state")),

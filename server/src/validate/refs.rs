@@ -209,7 +209,15 @@ impl<'a> Checker<'a, '_> {
                     v.ty.as_ref()
                         .map_or(Static::Any, |t| Static::from_declared(&t.value));
                 // Literal non-string values are parsed from text, checked in sections.rs.
-                if declared != Static::String && t.single_substitution().is_some() {
+                // Integers, floats and booleans may also come from a string,
+                // which is parsed when the value is evaluated.
+                let parsed_from_string =
+                    matches!(declared, Static::Integer | Static::Float | Static::Boolean)
+                        && self.typer().template(t) == Static::String;
+                if declared != Static::String
+                    && t.single_substitution().is_some()
+                    && !parsed_from_string
+                {
                     let what = format!("value `{}` (declared {})", v.name.value, declared.as_str());
                     self.expect_type(t, declared, &codes::VALUE_TYPE_MISMATCH, &what);
                 }

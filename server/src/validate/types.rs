@@ -60,7 +60,7 @@ impl Static {
             Ty::Array => Static::Array,
             Ty::Object => Static::Object,
             Ty::Func => Static::Func,
-            Ty::Any | Ty::Number | Ty::StringOrArray | Ty::ResourceName => Static::Any,
+            Ty::Any | Ty::Number | Ty::StringOrArray | Ty::Sized | Ty::ResourceName => Static::Any,
         }
     }
 
@@ -85,6 +85,7 @@ fn accepts(param: Ty, arg: Static) -> bool {
         Ty::Func => arg == Static::Func,
         Ty::Number => matches!(arg, Static::Integer | Static::Float),
         Ty::StringOrArray => matches!(arg, Static::String | Static::Array),
+        Ty::Sized => matches!(arg, Static::String | Static::Array | Static::Object),
         Ty::ResourceName => arg == Static::String,
         Ty::Float => matches!(arg, Static::Float | Static::Integer),
         other => Static::from_ty(other) == arg,
@@ -168,6 +169,10 @@ impl Typer<'_> {
                 return;
             };
             for (i, a) in args.iter().enumerate() {
+                // `link` takes resources by bare name, even one shared with a function.
+                if name.text == "link" && matches!(a.value.kind, ExprKind::Resource { .. }) {
+                    continue;
+                }
                 let Some(param) = sig.params.get(i).map(|p| p.ty).or(sig.variadic) else {
                     continue;
                 };
