@@ -129,6 +129,23 @@ registry! {
     EXPORT_TYPE_MISMATCH = "T0706" "export-type-mismatch" Error "An export's declared type differs from the type of the field it exports.";
     VARIABLE_REQUIRED = "T0707" "variable-required" Error "A variable without a default was given no value.";
     EVALUATION = "T0708" "evaluation" Error "Evaluating a substitution failed (a function rejected its input, a missing field or index).";
+
+    // T08xx: provider checks (plugins).
+    PROVIDER_MISSING = "T0801" "provider-missing" Error "No installed plugin provides the namespace a type needs.";
+    UNKNOWN_RESOURCE_TYPE = "T0802" "unknown-resource-type" Error "The provider has no such resource type.";
+    UNKNOWN_DATASOURCE_TYPE = "T0803" "unknown-datasource-type" Error "The provider has no such data source type.";
+    SPEC_FIELD_UNKNOWN = "T0804" "spec-field-unknown" Error "A resource spec has a field its schema does not define.";
+    SPEC_FIELD_MISSING = "T0805" "spec-field-missing" Error "A resource spec lacks a field its schema requires.";
+    SPEC_FIELD_TYPE = "T0806" "spec-field-type" Error "A resource spec field has the wrong type for its schema.";
+    SPEC_FIELD_NOT_ALLOWED = "T0807" "spec-field-not-allowed" Error "A resource spec field is not one of its schema's allowed values.";
+    SPEC_FIELD_COMPUTED = "T0808" "spec-field-computed" Error "A resource spec sets a field the provider computes.";
+    UNKNOWN_VARIABLE_TYPE = "T0809" "unknown-variable-type" Error "The provider has no such custom variable type.";
+    VARIABLE_OPTION = "T0810" "variable-option" Error "A custom-typed variable's default or allowed value is not one of the type's option labels.";
+    PROVIDER_DIAGNOSTIC = "T0811" "provider-diagnostic" Error "The provider's own validation rejected a resource (the message names the provider's code).";
+    FILTER_FIELD_UNKNOWN = "T0812" "filter-field-unknown" Error "A data source filter uses a field the data source type cannot filter on.";
+    DATASOURCE_EXPORT_UNKNOWN = "T0813" "datasource-export-unknown" Error "A data source exports a field its type does not have.";
+    TRANSFORM = "T0814" "transform" Error "A transform named in `transform` is not installed or failed.";
+    PLUGIN_UNAVAILABLE = "T0815" "plugin-unavailable" Error "A plugin needed for validation could not be started or answered with an error.";
 }
 
 /// Looks a code up by id (`T0501`) or name (`unknown-variable`).

@@ -6,13 +6,14 @@
 //! and an optional [`ProviderChecks`].
 
 mod graph;
+pub mod providers;
 pub mod refs;
 mod sections;
 pub mod types;
 
 pub use sections::parse_input as parse_variable_input;
 
-use crate::blueprint::{Blueprint, DataSource, Resource};
+use crate::blueprint::Blueprint;
 use crate::diag::Diagnostics;
 use crate::functions::{CoreFunctions, FunctionCatalog};
 use crate::source::SourceFile;
@@ -21,8 +22,9 @@ use crate::source::SourceFile;
 /// valid. The plugin host implements this; validation without plugins
 /// (`--skip-provider-checks`) passes `None`.
 pub trait ProviderChecks {
-    fn check_resource(&self, resource: &Resource, diags: &mut Diagnostics);
-    fn check_datasource(&self, datasource: &DataSource, diags: &mut Diagnostics);
+    /// Checks every resource, data source and custom variable type of the
+    /// blueprint against what the providers declare.
+    fn check(&self, bp: &Blueprint, functions: &dyn FunctionCatalog, diags: &mut Diagnostics);
 }
 
 pub struct Options<'a> {
@@ -55,12 +57,7 @@ pub fn validate(
     graph::report_cycles(bp, &graph, diags);
     graph::check_each_sources(bp, &graph, diags);
     if let Some(p) = opts.providers {
-        for r in &bp.resources {
-            p.check_resource(r, diags);
-        }
-        for d in &bp.datasources {
-            p.check_datasource(d, diags);
-        }
+        p.check(bp, opts.functions, diags);
     }
     graph
 }
