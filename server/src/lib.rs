@@ -12,6 +12,7 @@ pub mod diag;
 pub mod document;
 pub mod eval;
 pub mod functions;
+pub mod plugin_checks;
 pub mod source;
 pub mod subst;
 pub mod validate;

@@ -32,6 +32,13 @@ pub struct TNode {
     pub span: Span,
 }
 
+/// One step of an attribute path into a value tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PathStep {
+    Field(String),
+    Index(usize),
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum TKind {
     Null,
@@ -52,6 +59,34 @@ impl TNode {
             TKind::Map(entries) => entries.iter().for_each(|(_, v)| v.templates(f)),
             _ => {}
         }
+    }
+
+    /// The span that best locates an attribute path inside this node: the
+    /// key of the deepest field the path reaches (or the element), so a
+    /// provider's diagnostic about `environment.variables.A` lands on the
+    /// line where `A` is written. Stops where the path leaves the tree.
+    pub fn locate(&self, path: &[PathStep]) -> Span {
+        let mut node = self;
+        let mut span = self.span;
+        for step in path {
+            let next = match (&node.kind, step) {
+                (TKind::Map(entries), PathStep::Field(name)) => {
+                    entries.iter().find(|(k, _)| &k.name == name).map(|(k, v)| {
+                        span = k.span;
+                        v
+                    })
+                }
+                (TKind::List(items), PathStep::Index(i)) => {
+                    items.get(*i).inspect(|v| span = v.span)
+                }
+                _ => None,
+            };
+            match next {
+                Some(n) => node = n,
+                None => break,
+            }
+        }
+        span
     }
 
     pub fn type_name(&self) -> &'static str {
