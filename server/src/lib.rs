@@ -15,4 +15,5 @@ pub mod functions;
 pub mod plugin_checks;
 pub mod source;
 pub mod subst;
+pub mod transform;
 pub mod validate;
