@@ -52,7 +52,12 @@ pub enum Command {
     /// Describe diagnostic codes: `trellis explain T0501`, or `--all` for the
     /// whole registry as Markdown (the source of docs/diagnostics.md).
     Explain(ExplainArgs),
+    /// Provider and transformer plugins: list them, call a provider function.
+    Plugins(crate::cli::cli_plugins::PluginsArgs),
 }
+
+#[path = "cli_plugins.rs"]
+pub mod cli_plugins;
 
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
@@ -123,10 +128,12 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    cli_plugins::init_tracing();
     match cli.command {
         Command::Validate(args) => run_validate(&args),
         Command::Eval(args) => crate::cli_eval::run(&args),
         Command::Explain(args) => run_explain(&args),
+        Command::Plugins(args) => cli_plugins::run(&args),
     }
 }
 

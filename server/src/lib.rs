@@ -6,6 +6,7 @@
 //! invariants each module keeps.
 
 pub mod blueprint;
+pub mod check;
 pub mod cli;
 mod cli_eval;
 pub mod diag;
@@ -13,6 +14,7 @@ pub mod document;
 pub mod eval;
 pub mod functions;
 pub mod plugin_checks;
+pub mod plugins;
 pub mod source;
 pub mod subst;
 pub mod transform;

@@ -23,11 +23,11 @@ pub trait PluginAccess {
     ) -> Result<Vec<pb::CustomVariableOption>, String>;
 }
 
-/// Runs the plugin-side checks for every resource whose provider is known
-/// (`has_provider`) and every custom-typed variable.
+/// Runs the plugin-side checks for every resource and custom-typed variable
+/// whose type a loaded provider declares (`known`).
 pub fn check(
     bp: &Blueprint,
-    has_provider: &dyn Fn(&str) -> bool,
+    known: &dyn Fn(&str) -> bool,
     plugins: &dyn PluginAccess,
     diags: &mut Diagnostics,
 ) {
@@ -35,8 +35,7 @@ pub fn check(
         let (Some(ty), Some(spec)) = (&r.ty, &r.spec) else {
             continue;
         };
-        let ns = ty.value.split('/').next().unwrap_or_default();
-        if !has_provider(ns) {
+        if !known(&ty.value) {
             continue;
         }
         match plugins.validate_resource(&ty.value, &r.name.value, to_value(spec)) {
@@ -78,8 +77,7 @@ pub fn check(
     }
     for v in &bp.variables {
         let Some(ty) = &v.ty else { continue };
-        let ns = ty.value.split('/').next().unwrap_or_default();
-        if !ty.value.contains('/') || !has_provider(ns) {
+        if !ty.value.contains('/') || !known(&ty.value) {
             continue;
         }
         let options = match plugins.custom_variable_options(&ty.value) {
@@ -237,7 +235,7 @@ resources:
         let mut diags = Diagnostics::default();
         let root = parse(&sources, file, Format::Yaml, &mut diags).unwrap();
         let bp = crate::blueprint::load(&root, sources.get(file), file, &mut diags);
-        check(&bp, &|ns| ns == "p", &Picky, &mut diags);
+        check(&bp, &|ty| ty.starts_with("p/"), &Picky, &mut diags);
         let found: Vec<(&str, u32, Severity)> = diags
             .items
             .iter()

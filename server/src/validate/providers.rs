@@ -54,6 +54,12 @@ impl Manifests {
             .find(|r| r.r#type == ty)
     }
 
+    pub fn has_variable_type(&self, ty: &str) -> bool {
+        let ns = ty.split('/').next().unwrap_or_default();
+        self.provider(ns)
+            .is_some_and(|m| m.custom_variable_types.iter().any(|c| c.r#type == ty))
+    }
+
     /// Core functions plus every provider's functions.
     pub fn functions(&self) -> WithProviderFunctions<'_> {
         WithProviderFunctions { manifests: self }

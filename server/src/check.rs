@@ -1,0 +1,189 @@
+//! The whole check of a blueprint file with plugins: read, run `transform:`,
+//! validate (with provider manifests), ask providers, and map what their
+//! output says back onto what the user wrote. `trellis validate` runs this
+//! unless `--skip-provider-checks`; the daemon's validate call will too.
+
+use crate::diag::{Diagnostic, Diagnostics, codes};
+use crate::document::{self, Format};
+use crate::plugin_checks::{self, PluginAccess};
+use crate::plugins::{CallOptions, PluginError, PluginHost};
+use crate::source::{SourceMap, Span};
+use crate::transform::{self, Transforms};
+use crate::validate::providers::Manifests;
+use crate::validate::{self, Options};
+use std::collections::HashMap;
+use tokio::runtime::Runtime;
+use trellis_proto::plugin::v1 as pb;
+
+/// Plugin knowledge gathered once per run: the providers' manifests, and
+/// why any provider could not be asked.
+pub struct PluginContext<'a> {
+    pub host: &'a PluginHost,
+    pub rt: &'a Runtime,
+    pub manifests: Manifests,
+    pub unavailable: HashMap<String, String>,
+}
+
+impl<'a> PluginContext<'a> {
+    /// Fetches the manifest of every discovered provider (from the cache
+    /// when the binary is unchanged, otherwise by starting it).
+    pub fn load(host: &'a PluginHost, rt: &'a Runtime) -> PluginContext<'a> {
+        let mut ok = Vec::new();
+        let mut unavailable = HashMap::new();
+        for (name, result) in rt.block_on(host.provider_manifests()) {
+            match result {
+                Ok(m) => ok.push((*m).clone()),
+                Err(e) => {
+                    unavailable.insert(name, e.to_string());
+                }
+            }
+        }
+        PluginContext {
+            host,
+            rt,
+            manifests: Manifests::new(ok),
+            unavailable,
+        }
+    }
+}
+
+fn message(e: PluginError) -> String {
+    e.to_string()
+}
+
+impl PluginAccess for PluginContext<'_> {
+    fn validate_resource(
+        &self,
+        resource_type: &str,
+        name: &str,
+        spec: pb::Value,
+    ) -> Result<Vec<pb::Diagnostic>, String> {
+        let ns = resource_type.split('/').next().unwrap_or_default();
+        let client = self.host.provider(ns).map_err(message)?;
+        let req = pb::ValidateResourceRequest {
+            context: None,
+            resource_type: resource_type.to_owned(),
+            resource_name: name.to_owned(),
+            spec: Some(spec),
+        };
+        let resp = self
+            .rt
+            .block_on(client.validate_resource(req, &CallOptions::default()))
+            .map_err(message)?;
+        Ok(resp.diagnostics)
+    }
+
+    fn custom_variable_options(
+        &self,
+        variable_type: &str,
+    ) -> Result<Vec<pb::CustomVariableOption>, String> {
+        let ns = variable_type.split('/').next().unwrap_or_default();
+        let client = self.host.provider(ns).map_err(message)?;
+        let resp = self
+            .rt
+            .block_on(client.custom_variable_options(variable_type, &CallOptions::default()))
+            .map_err(message)?;
+        if let Some(e) = resp.error {
+            return Err(format!("provider `{ns}`: {}", e.message));
+        }
+        Ok(resp.options)
+    }
+}
+
+impl Transforms for PluginContext<'_> {
+    fn transform(
+        &self,
+        name: &str,
+        blueprint_json: String,
+    ) -> Result<pb::TransformResponse, String> {
+        let client = self.host.transformer(name).map_err(message)?;
+        self.rt
+            .block_on(client.transform(blueprint_json, &CallOptions::default()))
+            .map_err(message)
+    }
+}
+
+/// Validates one file with plugins; diagnostics are appended sorted.
+pub fn validate_source(
+    sources: &mut SourceMap,
+    name: &str,
+    bytes: Vec<u8>,
+    variables: &[(String, String)],
+    max_input_size: usize,
+    plugins: &PluginContext<'_>,
+    diags: &mut Diagnostics,
+) {
+    let mut local = Diagnostics::default();
+    let Some(file) = document::load_bytes(sources, name, bytes, max_input_size, &mut local) else {
+        finish(local, diags);
+        return;
+    };
+    let Some(root) = document::parse(sources, file, Format::from_path(name), &mut local) else {
+        finish(local, diags);
+        return;
+    };
+    // Transforms come first: the document that is validated is their output.
+    let original =
+        crate::blueprint::load(&root, sources.get(file), file, &mut Diagnostics::default());
+    let transformed = if original.transform.is_empty() {
+        None
+    } else {
+        let names: Vec<String> = original.transform.iter().map(|t| t.value.clone()).collect();
+        let span = original
+            .transform
+            .first()
+            .map_or(Span::new(file, 0, 0), |t| t.span);
+        match transform::run(sources, &root, span, &names, plugins, &mut local) {
+            Some(t) => Some(t),
+            None => {
+                finish(local, diags);
+                return;
+            }
+        }
+    };
+    let (vfile, vroot) = match &transformed {
+        Some(t) => (t.file, &t.root),
+        None => (file, &root),
+    };
+    let functions = plugins.manifests.functions();
+    let opts = Options {
+        functions: &functions,
+        providers: Some(&plugins.manifests),
+        variables,
+    };
+    let src = sources.get(vfile);
+    let bp = crate::blueprint::load(vroot, src, vfile, &mut local);
+    validate::validate(&bp, src, &opts, &mut local);
+    // A namespace whose plugin could not start is reported as such, not as
+    // "missing".
+    for d in &mut local.items {
+        if d.code == &codes::PROVIDER_MISSING {
+            if let Some((ns, why)) = plugins
+                .unavailable
+                .iter()
+                .find(|(ns, _)| d.message.contains(&format!("`{ns}`")))
+            {
+                *d = Diagnostic::new(
+                    &codes::PLUGIN_UNAVAILABLE,
+                    d.span,
+                    format!("provider `{ns}` is installed but unavailable: {why}"),
+                );
+            }
+        }
+    }
+    if !local.has_errors() {
+        let known = |ty: &str| {
+            plugins.manifests.resource_type(ty).is_some() || plugins.manifests.has_variable_type(ty)
+        };
+        plugin_checks::check(&bp, &known, plugins, &mut local);
+    }
+    if let Some(t) = &transformed {
+        t.map_back(&root, &mut local);
+    }
+    finish(local, diags);
+}
+
+fn finish(mut local: Diagnostics, diags: &mut Diagnostics) {
+    local.sort();
+    diags.extend(local.items);
+}
