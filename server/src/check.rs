@@ -171,12 +171,12 @@ pub fn validate_source(
             }
         }
     }
-    if !local.has_errors() {
-        let known = |ty: &str| {
-            plugins.manifests.resource_type(ty).is_some() || plugins.manifests.has_variable_type(ty)
-        };
-        plugin_checks::check(&bp, &known, plugins, &mut local);
-    }
+    // Plugins are asked even when static checks failed, so one run reports
+    // everything; only types a provider declares are sent.
+    let known = |ty: &str| {
+        plugins.manifests.resource_type(ty).is_some() || plugins.manifests.has_variable_type(ty)
+    };
+    plugin_checks::check(&bp, &known, plugins, &mut local);
     if let Some(t) = &transformed {
         t.map_back(&root, &mut local);
     }

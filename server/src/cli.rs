@@ -94,10 +94,13 @@ pub struct ValidateArgs {
     /// A variable value to check against its definition (type, allowed values).
     #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
     pub vars: Vec<(String, String)>,
-    /// Skip checks that need provider plugins (resource types, spec schemas).
-    /// Plugins do not exist yet, so this is currently always the case.
+    /// Skip everything that needs plugins: resource and data source types,
+    /// spec schemas, provider validation, custom variable types, provider
+    /// functions and `transform:`. Validation then needs no plugin installed.
     #[arg(long)]
     pub skip_provider_checks: bool,
+    #[command(flatten)]
+    pub plugins: cli_plugins::PluginDirArgs,
     /// Refuse inputs larger than this many bytes.
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
     pub max_input_size: usize,
@@ -202,22 +205,55 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
         sources: SourceMap::new(),
         diagnostics: Diagnostics::default(),
     };
+    let mut inputs = Vec::with_capacity(args.paths.len());
     for path in &args.paths {
-        let bytes = match read_limited(path, args.max_input_size) {
-            Ok(b) => b,
+        match read_limited(path, args.max_input_size) {
+            Ok(b) => inputs.push((path, b)),
             Err(e) => {
                 eprintln!("error: cannot read {path}: {e}");
                 return ExitCode::from(2);
             }
+        }
+    }
+    if args.skip_provider_checks {
+        for (path, bytes) in inputs {
+            validate_source(
+                &mut report.sources,
+                path,
+                bytes,
+                &opts,
+                args.max_input_size,
+                &mut report.diagnostics,
+            );
+        }
+    } else {
+        let rt = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("error: cannot start the async runtime: {e}");
+                return ExitCode::from(2);
+            }
         };
-        validate_source(
-            &mut report.sources,
-            path,
-            bytes,
-            &opts,
-            args.max_input_size,
-            &mut report.diagnostics,
-        );
+        let host = crate::plugins::PluginHost::new(args.plugins.host_config());
+        {
+            let plugins = crate::check::PluginContext::load(&host, &rt);
+            for (path, bytes) in inputs {
+                crate::check::validate_source(
+                    &mut report.sources,
+                    path,
+                    bytes,
+                    &args.vars,
+                    args.max_input_size,
+                    &plugins,
+                    &mut report.diagnostics,
+                );
+            }
+        }
+        rt.block_on(host.shutdown());
     }
     let mut stdout = std::io::stdout().lock();
     let written = match args.format {

@@ -30,9 +30,13 @@ fn stdout(o: &Output) -> String {
 }
 
 #[test]
-fn readme_example_is_valid() {
+fn the_eval_example_is_statically_valid() {
     let out = trellis()
-        .args(["validate", "examples/orders-api.yaml"])
+        .args([
+            "validate",
+            "--skip-provider-checks",
+            "examples/orders-api.yaml",
+        ])
         .current_dir(repo())
         .output()
         .unwrap();
@@ -48,7 +52,10 @@ fn errors_exit_1_with_rustc_style_text() {
         "bp.yaml",
         "version: 2023-04-20\nresources:\n  a:\n    type: x/y\n    spec:\n      n: ${variables.missing}\n",
     );
-    let out = trellis().args(["validate", &path]).output().unwrap();
+    let out = trellis()
+        .args(["validate", "--skip-provider-checks", &path])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
     assert!(
@@ -74,7 +81,13 @@ fn json_output_has_the_documented_shape() {
         "{\"version\": \"2023-04-20\", // comment\n \"resources\": {\"a\": {\"type\": \"x/y\", \"spec\": {\"n\": \"${values.nope}\"},},}}",
     );
     let out = trellis()
-        .args(["validate", "--format", "json", &path])
+        .args([
+            "validate",
+            "--skip-provider-checks",
+            "--format",
+            "json",
+            &path,
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -105,7 +118,14 @@ fn several_files_are_reported_together() {
     );
     let bad = write(&dir, "bad.yaml", "version: 2023-01-01\n");
     let out = trellis()
-        .args(["validate", "--format", "json", &good, &bad])
+        .args([
+            "validate",
+            "--skip-provider-checks",
+            "--format",
+            "json",
+            &good,
+            &bad,
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -130,22 +150,37 @@ fn several_files_are_reported_together() {
 #[test]
 fn unreadable_files_and_bad_flags_exit_2() {
     let out = trellis()
-        .args(["validate", "/nonexistent/bp.yaml"])
+        .args(["validate", "--skip-provider-checks", "/nonexistent/bp.yaml"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/bp.yaml"));
     let out = trellis()
-        .args(["validate", "--format", "xml", "x.yaml"])
+        .args([
+            "validate",
+            "--skip-provider-checks",
+            "--format",
+            "xml",
+            "x.yaml",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let out = trellis()
-        .args(["validate", "--var", "novalue", "x.yaml"])
+        .args([
+            "validate",
+            "--skip-provider-checks",
+            "--var",
+            "novalue",
+            "x.yaml",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let out = trellis().args(["validate", "/"]).output().unwrap();
+    let out = trellis()
+        .args(["validate", "--skip-provider-checks", "/"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -172,7 +207,13 @@ fn oversize_input_is_refused_cleanly() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["diagnostics"][0]["code"], "T0101");
     let out = trellis()
-        .args(["validate", "--format", "json", &path])
+        .args([
+            "validate",
+            "--skip-provider-checks",
+            "--format",
+            "json",
+            &path,
+        ])
         .env("TRELLIS_MAX_INPUT_SIZE", "100")
         .output()
         .unwrap();
@@ -188,7 +229,13 @@ fn secret_inputs_are_never_echoed() {
         "version: 2023-04-20\nvariables:\n  pin:\n    type: integer\n    secret: true\nresources:\n  a:\n    type: x/y\n    spec: {}\n",
     );
     let out = trellis()
-        .args(["validate", "--var", "pin=hunter2", &path])
+        .args([
+            "validate",
+            "--skip-provider-checks",
+            "--var",
+            "pin=hunter2",
+            &path,
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
