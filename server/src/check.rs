@@ -90,6 +90,34 @@ impl PluginAccess for PluginContext<'_> {
     }
 }
 
+impl crate::eval::expr::ExternalFunctions for PluginContext<'_> {
+    fn call(
+        &self,
+        name: &str,
+        args: Vec<crate::eval::value::Value>,
+    ) -> Option<Result<crate::eval::value::Value, String>> {
+        let ns = self.manifests.function_namespace(name)?;
+        let mut pb_args = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            match crate::plugins::values::from_eval(a) {
+                Some(v) => pb_args.push(v),
+                None => {
+                    return Some(Err(format!(
+                        "argument {} is a function, which cannot be sent to a provider",
+                        i + 1
+                    )));
+                }
+            }
+        }
+        let result = self.host.provider(ns).map_err(message).and_then(|client| {
+            self.rt
+                .block_on(client.call_function(name, pb_args, &CallOptions::default()))
+                .map_err(message)
+        });
+        Some(result.map(|v| crate::plugins::values::to_eval(&v)))
+    }
+}
+
 impl Transforms for PluginContext<'_> {
     fn transform(
         &self,

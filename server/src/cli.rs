@@ -81,6 +81,8 @@ pub struct EvalArgs {
     /// Refuse a blueprint larger than this many bytes.
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
     pub max_input_size: usize,
+    #[command(flatten)]
+    pub plugins: cli_plugins::PluginDirArgs,
 }
 
 #[derive(clap::Args, Debug)]

@@ -1,9 +1,10 @@
 //! `trellis eval`: the blueprint console.
 
 use crate::cli::{EvalArgs, OutputFormat, read_limited};
+use crate::diag::codes;
 use crate::diag::{self, Diagnostics};
 use crate::eval::blueprint::Evaluation;
-use crate::eval::console::{Console, Outcome};
+use crate::eval::console::{Console, Outcome, Plugins};
 use crate::eval::functions::Env;
 use crate::eval::render::{self, SENSITIVE_TEXT};
 use crate::eval::value::Value;
@@ -40,7 +41,54 @@ pub fn run(args: &EvalArgs) -> ExitCode {
         },
         None => None,
     };
-    let mut console = Console::new(blueprint, &args.vars, &env, args.max_input_size);
+    // Plugins are started only when the blueprint or the expression calls a
+    // function the core set does not have; otherwise the first console is
+    // the one used.
+    let unknown_function = |c: &Console| {
+        c.diags
+            .items
+            .iter()
+            .any(|d| d.code == &codes::UNKNOWN_FUNCTION)
+    };
+    let mut probe = Console::new(blueprint.clone(), &args.vars, &env, args.max_input_size);
+    let mut outcome = None;
+    if probe.ready() {
+        if let Some(expr) = &args.expr {
+            outcome = Some(probe.eval(expr, &env));
+        }
+    }
+    let rt;
+    let host;
+    let context;
+    let mut console = if unknown_function(&probe) {
+        outcome = None;
+        rt = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("error: cannot start the async runtime: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        host = crate::plugins::PluginHost::new(args.plugins.host_config());
+        context = crate::check::PluginContext::load(&host, &rt);
+        let plugins = Plugins {
+            manifests: &context.manifests,
+            functions: &context,
+        };
+        Console::with_plugins(
+            blueprint,
+            &args.vars,
+            &env,
+            args.max_input_size,
+            Some(plugins),
+        )
+    } else {
+        probe
+    };
     if !console.ready() {
         return fail(args.format, &console.sources, console.diags);
     }
@@ -52,7 +100,10 @@ pub fn run(args: &EvalArgs) -> ExitCode {
         });
     }
     if let Some(expr) = &args.expr {
-        let outcome = console.eval(expr, &env);
+        let outcome = match outcome.take() {
+            Some(o) => o,
+            None => console.eval(expr, &env),
+        };
         out.push_str(&match (outcome, args.format) {
             (Outcome::Failed, _) => return fail(args.format, &console.sources, console.diags),
             (Outcome::Sensitive(_), OutputFormat::Json) => json!({"sensitive": true}).to_string(),

@@ -188,3 +188,47 @@ fn a_missing_transformer_is_reported_at_the_transform_field() {
     );
     assert!(messages[0].contains("nope-2024"));
 }
+
+#[test]
+fn provider_functions_are_callable_from_eval() {
+    let root = TempDir::new("eval-provider-fn");
+    let plugins = plugin_dir(&root);
+    let file = root.join("bp.yaml");
+    std::fs::write(
+        &file,
+        "version: 2023-04-20\nvalues:\n  digest:\n    type: string\n    value: ${sha256(\"abc\")}\nresources:\n  a:\n    type: local/file\n    spec:\n      path: /tmp/a\n      content: ${values.digest}\n",
+    )
+    .unwrap();
+    let eval = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .arg("eval")
+            .args(args)
+            .args(["--format", "json", "--no-bundled-plugins", "--plugin-dir"])
+            .arg(&plugins)
+            .arg("--data-dir")
+            .arg(root.join("data"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code(),
+            serde_json::from_str::<serde_json::Value>(text.trim())
+                .unwrap_or_else(|e| panic!("{e}: {text}")),
+        )
+    };
+    let digest = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    let (code, v) = eval(&["${to_upper(sha256(\"abc\"))}"]);
+    assert_eq!(
+        (code, v),
+        (Some(0), serde_json::json!({"value": digest.to_uppercase()}))
+    );
+    let (code, v) = eval(&[
+        "--blueprint",
+        file.to_str().unwrap(),
+        "${resources.a.spec.content}",
+    ]);
+    assert_eq!((code, v), (Some(0), serde_json::json!({"value": digest})));
+    let (code, v) = eval(&["${sha256(1)}"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(v["diagnostics"][0]["code"], "T0701");
+}

@@ -5,7 +5,7 @@
 //! fetched and deployed by the engine); resource state is unknown until
 //! deploy.
 
-use super::expr::{EvalError, ResourceEntry, ResourceValue, Scope};
+use super::expr::{EvalError, ExternalFunctions, ResourceEntry, ResourceValue, Scope};
 use super::functions::Env;
 use super::value::Value;
 use crate::blueprint::{Blueprint, Condition, Resource, Scalar, TKind, TNode};
@@ -70,6 +70,16 @@ pub struct Evaluation {
 
 impl Evaluation {
     pub fn scope<'a>(&'a self, env: &'a Env<'a>, elem: Option<(&'a Value, usize)>) -> Scope<'a> {
+        self.scope_with(env, elem, None)
+    }
+
+    /// A scope that can also call provider functions.
+    pub fn scope_with<'a>(
+        &'a self,
+        env: &'a Env<'a>,
+        elem: Option<(&'a Value, usize)>,
+        external: Option<&'a dyn ExternalFunctions>,
+    ) -> Scope<'a> {
         Scope {
             variables: &self.variables,
             missing_variables: &self.missing_variables,
@@ -82,6 +92,7 @@ impl Evaluation {
             instances: &self.instances,
             elem,
             env,
+            external,
             touched_secret: Cell::new(false),
         }
     }
@@ -139,6 +150,7 @@ pub fn evaluate(
     graph: &Graph,
     supplied: &[(String, String)],
     env: &Env<'_>,
+    external: Option<&dyn ExternalFunctions>,
     diags: &mut Diagnostics,
 ) -> Evaluation {
     let mut ev = resolve_variables(bp, supplied);
@@ -179,7 +191,7 @@ pub fn evaluate(
                 let def = &bp.values[i];
                 let Some(t) = &def.value else { continue };
                 let declared = def.ty.as_ref().map_or("string", |t| t.value.as_str());
-                let scope = ev.scope(env, None);
+                let scope = ev.scope_with(env, None, external);
                 let result = scope.guard(scope.whole(t).and_then(|v| {
                     convert(v, declared).map_err(|msg| EvalError {
                         code: &codes::VALUE_TYPE_MISMATCH,
@@ -201,7 +213,7 @@ pub fn evaluate(
                 }
                 ev.values.insert(def.name.value.clone(), value);
             }
-            NodeRef::Resource(i) => expand(&bp.resources[i], &mut ev, env, diags),
+            NodeRef::Resource(i) => expand(&bp.resources[i], &mut ev, env, external, diags),
             NodeRef::DataSource(_) | NodeRef::Child(_) => {}
         }
     }
@@ -235,15 +247,21 @@ fn convert(v: Value, declared: &str) -> Result<Value, String> {
     }
 }
 
-fn expand(r: &Resource, ev: &mut Evaluation, env: &Env<'_>, diags: &mut Diagnostics) {
+fn expand(
+    r: &Resource,
+    ev: &mut Evaluation,
+    env: &Env<'_>,
+    external: Option<&dyn ExternalFunctions>,
+    diags: &mut Diagnostics,
+) {
     let name = r.name.value.clone();
     let Some(each) = &r.each else {
-        let (x, value) = instance(r, &name, None, None, ev, env, diags);
+        let (x, value) = instance(r, &name, None, None, ev, env, external, diags);
         let index = push_instance(ev, x, value);
         ev.entries.insert(name, ResourceEntry::Single(index.1));
         return;
     };
-    let items = match ev.scope(env, None).whole(each) {
+    let items = match ev.scope_with(env, None, external).whole(each) {
         Ok(Value::List(items)) => items,
         Ok(Value::Unknown) => {
             diags.push(Diagnostic::new(
@@ -278,6 +296,7 @@ fn expand(r: &Resource, ev: &mut Evaluation, env: &Env<'_>, diags: &mut Diagnost
             Some(item),
             ev,
             env,
+            external,
             diags,
         );
         elements.push(push_instance(ev, x, value).1);
@@ -300,9 +319,10 @@ fn instance(
     elem: Option<&Value>,
     ev: &Evaluation,
     env: &Env<'_>,
+    external: Option<&dyn ExternalFunctions>,
     diags: &mut Diagnostics,
 ) -> (Expanded, ResourceValue) {
-    let scope = ev.scope(env, elem.map(|e| (e, index.unwrap_or(0))));
+    let scope = ev.scope_with(env, elem.map(|e| (e, index.unwrap_or(0))), external);
     let condition = r.condition.as_ref().map(|c| match condition(c, &scope) {
         Ok(v) => v,
         Err(e) => {
@@ -318,7 +338,7 @@ fn instance(
     // Only a resource that read a secret pays for a masked copy.
     let masked_spec = match &r.spec {
         Some(s) if scope.touched_secret.get() => {
-            let quiet = ev.scope(env, elem.map(|e| (e, index.unwrap_or(0))));
+            let quiet = ev.scope_with(env, elem.map(|e| (e, index.unwrap_or(0))), external);
             Some(node_masked(s, &quiet, &mut |_| {}).1)
         }
         _ => None,

@@ -2,6 +2,7 @@
 //! the conformance corpus run exactly what the command runs.
 
 use super::blueprint::{Evaluation, evaluate, resolve_variables};
+use super::expr::ExternalFunctions;
 use super::functions::Env;
 use super::value::Value;
 use crate::blueprint::{self, Blueprint, Spanned, Variable};
@@ -10,6 +11,7 @@ use crate::document::{self, Format};
 use crate::functions::CoreFunctions;
 use crate::source::{SourceMap, Span};
 use crate::subst::{SpanMap, parse_template};
+use crate::validate::providers::Manifests;
 use crate::validate::{self, Options};
 
 /// What evaluating an expression gave.
@@ -24,7 +26,16 @@ pub enum Outcome {
     Failed,
 }
 
-pub struct Console {
+/// Provider knowledge for the console: manifests (for checking calls) and a
+/// way to call provider functions.
+#[derive(Clone, Copy)]
+pub struct Plugins<'p> {
+    pub manifests: &'p Manifests,
+    pub functions: &'p dyn ExternalFunctions,
+}
+
+pub struct Console<'p> {
+    plugins: Option<Plugins<'p>>,
     pub sources: SourceMap,
     pub blueprint: Blueprint,
     pub evaluation: Evaluation,
@@ -32,7 +43,7 @@ pub struct Console {
     vars: Vec<(String, String)>,
 }
 
-impl Console {
+impl<'p> Console<'p> {
     /// Loads, validates and evaluates a blueprint given as (name, bytes); or,
     /// without one, declares every `--var` as a string variable. Problems
     /// are in `diags`; check `ready()` before evaluating.
@@ -41,19 +52,37 @@ impl Console {
         vars: &[(String, String)],
         env: &Env<'_>,
         max_input: usize,
-    ) -> Console {
+    ) -> Console<'p> {
+        Console::with_plugins(blueprint, vars, env, max_input, None)
+    }
+
+    /// Like [`Console::new`], with provider functions available to `${..}`.
+    pub fn with_plugins(
+        blueprint: Option<(&str, Vec<u8>)>,
+        vars: &[(String, String)],
+        env: &Env<'_>,
+        max_input: usize,
+        plugins: Option<Plugins<'p>>,
+    ) -> Console<'p> {
         let mut c = Console {
+            plugins,
             sources: SourceMap::new(),
             blueprint: Blueprint::default(),
             evaluation: Evaluation::default(),
             diags: Diagnostics::default(),
             vars: vars.to_vec(),
         };
+        let with_providers = plugins.map(|p| p.manifests.functions());
+        let functions: &dyn crate::functions::FunctionCatalog = match &with_providers {
+            Some(f) => f,
+            None => &CoreFunctions,
+        };
         let opts = Options {
-            functions: &CoreFunctions,
+            functions,
             providers: None,
             variables: vars,
         };
+        let external = plugins.map(|p| p.functions);
         match blueprint {
             Some((name, bytes)) => {
                 let Some(file) =
@@ -72,7 +101,8 @@ impl Console {
                 drop(root);
                 let graph = validate::validate(&c.blueprint, src, &opts, &mut c.diags);
                 if !c.diags.has_errors() {
-                    c.evaluation = evaluate(&c.blueprint, &graph, vars, env, &mut c.diags);
+                    c.evaluation =
+                        evaluate(&c.blueprint, &graph, vars, env, external, &mut c.diags);
                 }
             }
             None => {
@@ -95,8 +125,13 @@ impl Console {
         let mut local = Diagnostics::default();
         let t = parse_template(expr, &map, Span::new(file, 0, expr.len()), &mut local);
         if !local.has_errors() {
+            let with_providers = self.plugins.map(|p| p.manifests.functions());
+            let functions: &dyn crate::functions::FunctionCatalog = match &with_providers {
+                Some(f) => f,
+                None => &CoreFunctions,
+            };
             let opts = Options {
-                functions: &CoreFunctions,
+                functions,
                 providers: None,
                 variables: &self.vars,
             };
@@ -107,7 +142,9 @@ impl Console {
         if failed {
             return Outcome::Failed;
         }
-        let scope = self.evaluation.scope(env, None);
+        let scope = self
+            .evaluation
+            .scope_with(env, None, self.plugins.map(|p| p.functions));
         match scope.guard(scope.whole(&t)) {
             Ok(v) if scope.touched_secret.get() => Outcome::Sensitive(v),
             Ok(Value::Unknown) => Outcome::Unknown,

@@ -64,6 +64,13 @@ pub enum ResourceEntry {
 
 static UNKNOWN: Value = Value::Unknown;
 
+/// Functions beyond the core set (provider functions, answered by plugins).
+pub trait ExternalFunctions {
+    /// `None` when no provider has the function; `Err` is a message naming
+    /// the provider.
+    fn call(&self, name: &str, args: Vec<Value>) -> Option<std::result::Result<Value, String>>;
+}
+
 /// Everything a substitution can read.
 pub struct Scope<'a> {
     /// Variables that have a value (supplied or default).
@@ -84,6 +91,8 @@ pub struct Scope<'a> {
     /// The current element and index inside an `each` template.
     pub elem: Option<(&'a Value, usize)>,
     pub env: &'a Env<'a>,
+    /// Provider functions, when plugins are available.
+    pub external: Option<&'a dyn ExternalFunctions>,
     /// Set when the evaluation read a secret.
     pub touched_secret: Cell<bool>,
 }
@@ -333,6 +342,28 @@ impl Scope<'_> {
     fn call(&self, e: &Expr, name: &str, args: &[crate::subst::Arg]) -> Result<Value> {
         let fail = |err: FnError| EvalError::new(&codes::EVALUATION, e.span, err.to_string());
         if crate::functions::core(name).is_none() {
+            // A provider function: arguments are evaluated here, the call
+            // goes to the plugin that declares it.
+            if let Some(external) = self.external {
+                let mut values = Vec::with_capacity(args.len());
+                for a in args {
+                    values.push(self.expr(&a.value)?);
+                }
+                if values.iter().any(Value::is_unknown) {
+                    return Ok(Value::Unknown);
+                }
+                match external.call(name, values) {
+                    Some(Ok(v)) => return Ok(v),
+                    Some(Err(message)) => {
+                        return Err(EvalError::new(
+                            &codes::EVALUATION,
+                            e.span,
+                            format!("{name}: {message}"),
+                        ));
+                    }
+                    None => {}
+                }
+            }
             return Err(EvalError::new(
                 &codes::UNKNOWN_FUNCTION,
                 e.span,

@@ -54,6 +54,14 @@ impl Manifests {
             .find(|r| r.r#type == ty)
     }
 
+    /// The namespace of the provider that declares a function.
+    pub fn function_namespace(&self, function: &str) -> Option<&str> {
+        self.providers
+            .iter()
+            .find(|m| m.functions.iter().any(|f| f.name == function))
+            .and_then(|m| m.plugin.as_ref().map(|p| p.name.as_str()))
+    }
+
     pub fn has_variable_type(&self, ty: &str) -> bool {
         let ns = ty.split('/').next().unwrap_or_default();
         self.provider(ns)
