@@ -428,6 +428,8 @@ pub struct LinkRequest {
     pub annotations_b: Value,
     /// Link data persisted by earlier phases or deployments.
     pub link_data: Value,
+    /// Create, update or destroy (`LINK_DESTROY`: undo what earlier phases did).
+    pub update_type: pb::LinkUpdateType,
 }
 
 impl LinkRequest {
@@ -440,6 +442,7 @@ impl LinkRequest {
             annotations_a: Some(self.annotations_a.to_proto()),
             annotations_b: Some(self.annotations_b.to_proto()),
             link_data: Some(self.link_data.to_proto()),
+            update_type: self.update_type as i32,
         }
     }
 
@@ -455,6 +458,8 @@ impl LinkRequest {
                 annotations_a: v(l.annotations_a),
                 annotations_b: v(l.annotations_b),
                 link_data: v(l.link_data),
+                update_type: pb::LinkUpdateType::try_from(l.update_type)
+                    .unwrap_or(pb::LinkUpdateType::Unspecified),
             },
         )
     }

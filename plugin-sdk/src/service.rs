@@ -503,9 +503,16 @@ impl ProviderCore {
         })
     }
 
-    /// The resource type of a PlanResource call: from `current`, else the only
-    /// type that plans (the protocol does not send the type of a new resource).
-    fn plan_target(&self, current: Option<&ResourceState>) -> Result<&(Arc<dyn Resource>, Schema)> {
+    /// The resource type of a PlanResource call: as sent, else from `current`,
+    /// else the only type that plans (engines older than `resource_type`).
+    fn plan_target(
+        &self,
+        resource_type: &str,
+        current: Option<&ResourceState>,
+    ) -> Result<&(Arc<dyn Resource>, Schema)> {
+        if !resource_type.is_empty() {
+            return self.resource(resource_type);
+        }
         if let Some(c) = current.filter(|c| !c.resource_type.is_empty()) {
             return self.resource(&c.resource_type);
         }
@@ -620,11 +627,16 @@ impl ProviderRpc for ProviderSvc {
         let req = request.into_inner();
         let (ctx, _guard) = self.0.calls.context(req.context, None);
         let current = req.current.map(ResourceState::from_proto);
-        let r = match self.0.plan_target(current.as_ref()) {
+        let r = match self.0.plan_target(&req.resource_type, current.as_ref()) {
             Err(e) => Err(e),
             Ok((resource, schema)) => {
+                let name = if req.resource_name.is_empty() {
+                    current.as_ref().map(|c| c.name.clone()).unwrap_or_default()
+                } else {
+                    req.resource_name.clone()
+                };
                 let pr = PlanRequest {
-                    name: current.as_ref().map(|c| c.name.clone()).unwrap_or_default(),
+                    name,
                     current,
                     desired: value(req.desired_spec),
                 };

@@ -321,9 +321,18 @@ impl Harness {
             "PlanResource",
             "override Resource::supports_plan",
         )?;
+        let current = current.map(ResourceState::to_proto);
         let req = pb::PlanResourceRequest {
             context: Some(self.call_context()),
-            current: current.map(ResourceState::to_proto),
+            resource_type: current
+                .as_ref()
+                .map(|c| c.resource_type.clone())
+                .unwrap_or_default(),
+            resource_name: current
+                .as_ref()
+                .map(|c| c.resource_name.clone())
+                .unwrap_or_default(),
+            current,
             desired_spec: Some(desired.into().to_proto()),
         };
         let r = self

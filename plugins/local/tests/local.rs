@@ -614,6 +614,7 @@ fn link(
         annotations_a: Value::map(),
         annotations_b,
         link_data,
+        ..LinkRequest::default()
     }
 }
 
