@@ -74,7 +74,7 @@ impl Link for FileInDirectory {
     }
 
     async fn update_resource_a(&self, ctx: &Context, link: &LinkRequest) -> Result<Value> {
-        if is_absent(&link.resource_b.state) {
+        if is_removal(link) {
             return Ok(Value::map().with("directory", Value::Null));
         }
         let base = Base::from_ctx(ctx)?;
@@ -97,6 +97,13 @@ impl Link for FileInDirectory {
 /// A resource state that says "gone": null or an empty map.
 fn is_absent(state: &Value) -> bool {
     state.is_null() || state.as_map().is_some_and(|m| m.is_empty())
+}
+
+/// Whether the call undoes the link: the engine says so (`LINK_DESTROY`), or
+/// resource B is gone (engines that predate `update_type`).
+fn is_removal(link: &LinkRequest) -> bool {
+    link.update_type == trellis_plugin_sdk::proto::LinkUpdateType::LinkDestroy
+        || is_absent(&link.resource_b.state)
 }
 
 /// `FooBar-baz.txt` → `FOO_BAR_BAZ_TXT`.
@@ -294,7 +301,7 @@ impl Link for EnvFileLink {
             .and_then(Value::as_str)
             .map(str::to_owned);
         let token = ctx.cancellation_token();
-        if is_absent(&link.resource_b.state) {
+        if is_removal(link) {
             let mut vars: Vec<String> = recorded.into_iter().collect();
             if let Ok(v) = self.variable(link) {
                 if !vars.contains(&v) {

@@ -1060,3 +1060,28 @@ async fn sha256_function() {
     assert_eq!(e.class, ErrorClass::BadInput);
     assert_eq!(e.path, Some(AttrPath::root().index(0)));
 }
+
+#[tokio::test]
+async fn link_destroy_removes_the_env_line() {
+    let tmp = TempDir::new("env-destroy");
+    let h = harness(tmp.path()).await;
+    let env = h
+        .create("local/envFile", "env", Value::map().with("path", "app.env"))
+        .await
+        .expect("env file");
+    let file = h
+        .create("local/file", "conf", Value::map().with("path", "conf.txt"))
+        .await
+        .expect("file");
+    let added = h
+        .update_link_resource_a(&link(&env, &file, Value::map(), Value::Null))
+        .await
+        .expect("link");
+    let text = std::fs::read_to_string(tmp.path().join("app.env")).expect("env text");
+    assert!(text.contains("FILE_CONF="), "{text}");
+    let mut gone = link(&env, &file, Value::map(), added);
+    gone.update_type = trellis_plugin_sdk::proto::LinkUpdateType::LinkDestroy;
+    h.update_link_resource_a(&gone).await.expect("unlink");
+    let text = std::fs::read_to_string(tmp.path().join("app.env")).expect("env text");
+    assert!(!text.contains("FILE_CONF="), "{text}");
+}
