@@ -606,11 +606,13 @@ impl ProviderRpc for ProviderSvc {
         let (ctx, _guard) = self.0.calls.context(req.context, None);
         let r = match self.0.resource(&req.resource_type) {
             Err(e) => Err(e),
-            Ok((resource, _)) => {
+            Ok((resource, schema)) => {
+                let mut spec = value(req.spec);
+                schema.apply_defaults(&mut spec);
                 let vr = ValidateRequest {
                     resource_type: req.resource_type,
                     name: req.resource_name,
-                    spec: value(req.spec),
+                    spec,
                 };
                 guarded(&ctx, "ValidateResource", resource.validate(&ctx, &vr)).await
             }
@@ -686,7 +688,10 @@ impl ProviderRpc for ProviderSvc {
                     return;
                 }
             };
-            let spec = value(req.desired_spec);
+            // Fields the blueprint leaves out arrive with their schema
+            // defaults, so resources need not repeat them.
+            let mut spec = value(req.desired_spec);
+            schema.apply_defaults(&mut spec);
             let name = req.resource_name;
             let work = async {
                 match current {

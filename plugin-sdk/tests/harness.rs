@@ -200,6 +200,7 @@ impl Resource for Sink {
     fn schema(&self) -> Schema {
         Schema::object()
             .field("mode", Field::string().required())
+            .field("colour", Field::string().default("blue"))
             .field("password", Field::string().computed().sensitive())
     }
     async fn validate(&self, _ctx: &Context, req: &ValidateRequest) -> Result<Vec<Diagnostic>> {
@@ -260,6 +261,11 @@ impl Resource for Sink {
                 std::fs::read("/nonexistent/trellis/file")?;
                 Ok(Applied::default())
             }
+            // Reports the spec it received, defaults included.
+            "echo" => Ok(Applied::new(
+                "sink-echo",
+                Value::map().with("colour", spec.get_str("colour")?),
+            )),
             _ => Ok(Applied::new(
                 "sink-1",
                 Value::map().with("password", "hunter2"),
@@ -842,4 +848,14 @@ async fn transformer_round_trip() {
         r.error.map(|e| e.class),
         Some(pb::ErrorClass::BadInput as i32)
     );
+}
+
+#[tokio::test]
+async fn schema_defaults_reach_the_resource() {
+    let h = start(kitchen()).await;
+    let st = h
+        .create("kitchen/sink", "s", Value::map().with("mode", "echo"))
+        .await
+        .expect("create");
+    assert_eq!(st.state.get("colour").and_then(Value::as_str), Some("blue"));
 }
