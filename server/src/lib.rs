@@ -9,6 +9,7 @@ pub mod blueprint;
 pub mod check;
 pub mod cli;
 mod cli_eval;
+pub mod datasource;
 pub mod diag;
 pub mod document;
 pub mod eval;
