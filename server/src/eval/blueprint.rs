@@ -124,6 +124,11 @@ pub fn resolve_variables(bp: &Blueprint, supplied: &[(String, String)]) -> Evalu
             Some(text) => crate::validate::parse_variable_input(ty, text).map(scalar_value),
             None => v.default.as_ref().map(|d| scalar_value(d.value.clone())),
         };
+        // A float written as `2` is still a float.
+        let value = match (ty, value) {
+            ("float", Some(Value::Int(i))) => Some(Value::Float(i as f64)),
+            (_, v) => v,
+        };
         match value {
             Some(val) => {
                 ev.variables.insert(name, val);
