@@ -146,6 +146,15 @@ registry! {
     DATASOURCE_EXPORT_UNKNOWN = "T0813" "datasource-export-unknown" Error "A data source exports a field its type does not have.";
     TRANSFORM = "T0814" "transform" Error "A transform named in `transform` is not installed or failed.";
     PLUGIN_UNAVAILABLE = "T0815" "plugin-unavailable" Error "A plugin needed for validation could not be started or answered with an error.";
+
+    // T09xx: links.
+    LINK_SELECTS_NOTHING = "T0901" "link-selects-nothing" Warning "A `linkSelector` selects no resource: no other resource of the blueprint carries all of its labels.";
+    LINK_UNSUPPORTED = "T0902" "link-unsupported" Warning "A `linkSelector` selects a resource no provider can link to from the selecting resource's type, and nothing else links to it.";
+    LINK_ANNOTATION_TYPE = "T0903" "link-annotation-type" Error "A link annotation has the wrong type for the link type that defines it.";
+    LINK_ANNOTATION_NOT_ALLOWED = "T0904" "link-annotation-not-allowed" Error "A link annotation is not one of the values its definition allows.";
+    LINK_ANNOTATION_MISSING = "T0905" "link-annotation-missing" Error "A linked resource lacks an annotation its link type requires.";
+    LINK_ANNOTATION_UNKNOWN = "T0906" "link-annotation-unknown" Warning "An annotation in a provider's namespace is not defined for the resource's type by any of its link types.";
+    LINK_CYCLE = "T0907" "link-cycle" Error "Hard links, with references and `dependsOn`, order resources in a cycle.";
 }
 
 /// Looks a code up by id (`T0501`) or name (`unknown-variable`).

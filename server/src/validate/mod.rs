@@ -6,6 +6,7 @@
 //! and an optional [`ProviderChecks`].
 
 mod graph;
+pub mod links;
 pub mod providers;
 pub mod refs;
 mod sections;

@@ -68,6 +68,15 @@ impl Manifests {
             .is_some_and(|m| m.custom_variable_types.iter().any(|c| c.r#type == ty))
     }
 
+    /// Every provider's link types with the provider's namespace, in
+    /// provider order, then declaration order.
+    pub fn link_types(&self) -> impl Iterator<Item = (&str, &pb::LinkTypeDef)> {
+        self.providers.iter().flat_map(|m| {
+            let ns = m.plugin.as_ref().map_or("", |p| p.name.as_str());
+            m.link_types.iter().map(move |l| (ns, l))
+        })
+    }
+
     /// Core functions plus every provider's functions.
     pub fn functions(&self) -> WithProviderFunctions<'_> {
         WithProviderFunctions { manifests: self }
@@ -274,6 +283,7 @@ impl ProviderChecks for Manifests {
                 diags.push(diag);
             }
         }
+        super::links::check(self, bp, functions, diags);
     }
 }
 
