@@ -8,7 +8,7 @@
 
 use super::Options;
 use super::graph::strongly_connected;
-use super::providers::Manifests;
+use super::providers::{Manifests, literal_value, render, same};
 use super::refs::{self, NodeRef, describe};
 use super::types::{Static, Typer};
 use crate::blueprint::{Blueprint, LinkSelector, Resource, TKind, TNode, article_of};
@@ -639,43 +639,6 @@ fn unknown_annotation(
         )
         .with_hint(hint),
     );
-}
-
-/// A literal scalar node as a protocol value, for allowed-value checks.
-fn literal_value(node: &TNode) -> Option<pb::Value> {
-    use pb::value::Kind;
-    let kind = match &node.kind {
-        TKind::Bool(b) => Kind::Bool(*b),
-        TKind::Int(i) => Kind::Int(*i),
-        TKind::Float(f) => Kind::Float(*f),
-        TKind::Str(t) => Kind::String(t.as_literal()?),
-        _ => return None,
-    };
-    Some(pb::Value {
-        kind: Some(kind),
-        sensitive: false,
-    })
-}
-
-fn same(a: &pb::Value, b: &pb::Value) -> bool {
-    use pb::value::Kind;
-    match (&a.kind, &b.kind) {
-        (Some(Kind::Int(x)), Some(Kind::Float(y))) | (Some(Kind::Float(y)), Some(Kind::Int(x))) => {
-            (*x as f64) == *y
-        }
-        (x, y) => x == y,
-    }
-}
-
-fn render(v: &pb::Value) -> String {
-    use pb::value::Kind;
-    match &v.kind {
-        Some(Kind::String(s)) => format!("{s:?}"),
-        Some(Kind::Int(i)) => i.to_string(),
-        Some(Kind::Float(f)) => f.to_string(),
-        Some(Kind::Bool(b)) => b.to_string(),
-        _ => "..".to_owned(),
-    }
 }
 
 /// Required annotations (without a default) missing on a linked resource:

@@ -445,7 +445,7 @@ fn check_node(
 }
 
 /// A literal scalar node as a protocol value, for allowed-value checks.
-fn literal_value(node: &TNode) -> Option<pb::Value> {
+pub(super) fn literal_value(node: &TNode) -> Option<pb::Value> {
     use pb::value::Kind;
     let kind = match &node.kind {
         TKind::Bool(b) => Kind::Bool(*b),
@@ -460,7 +460,8 @@ fn literal_value(node: &TNode) -> Option<pb::Value> {
     })
 }
 
-fn same(a: &pb::Value, b: &pb::Value) -> bool {
+/// Value equality where an integer equals the float of the same value.
+pub(super) fn same(a: &pb::Value, b: &pb::Value) -> bool {
     use pb::value::Kind;
     match (&a.kind, &b.kind) {
         (Some(Kind::Int(x)), Some(Kind::Float(y))) | (Some(Kind::Float(y)), Some(Kind::Int(x))) => {
@@ -470,7 +471,8 @@ fn same(a: &pb::Value, b: &pb::Value) -> bool {
     }
 }
 
-fn render(v: &pb::Value) -> String {
+/// A scalar for messages.
+pub(super) fn render(v: &pb::Value) -> String {
     use pb::value::Kind;
     match &v.kind {
         Some(Kind::String(s)) => format!("{s:?}"),

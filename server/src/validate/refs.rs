@@ -128,36 +128,14 @@ pub fn check(
     opts: &Options<'_>,
     diags: &mut Diagnostics,
 ) -> Graph {
-    let mut c = Checker {
-        bp,
-        opts,
-        diags,
-        variables: table(&bp.variables, |v| &v.name),
-        values: table(&bp.values, |v| &v.name),
-        datasources: table(&bp.datasources, |d| &d.name),
-        resources: table(&bp.resources, |r| &r.name),
-        children: table(&bp.include, |i| &i.name),
-        graph: Graph::new(bp),
-        collect: None,
-    };
+    let mut c = Checker::new(bp, opts, diags);
     c.run(src);
     c.graph
 }
 
 /// Checks one template with no owner in the graph (see `validate::check_template`).
 pub fn check_detached(bp: &Blueprint, opts: &Options<'_>, t: &Template, diags: &mut Diagnostics) {
-    let mut c = Checker {
-        bp,
-        opts,
-        diags,
-        variables: table(&bp.variables, |v| &v.name),
-        values: table(&bp.values, |v| &v.name),
-        datasources: table(&bp.datasources, |d| &d.name),
-        resources: table(&bp.resources, |r| &r.name),
-        children: table(&bp.include, |i| &i.name),
-        graph: Graph::new(bp),
-        collect: None,
-    };
+    let mut c = Checker::new(bp, opts, diags);
     let top = Ctx {
         owner: None,
         in_each: false,
@@ -198,7 +176,26 @@ impl Graph {
     }
 }
 
-impl<'a> Checker<'a, '_> {
+impl<'a, 'o> Checker<'a, 'o> {
+    fn new(
+        bp: &'a Blueprint,
+        opts: &'a Options<'o>,
+        diags: &'a mut Diagnostics,
+    ) -> Checker<'a, 'o> {
+        Checker {
+            bp,
+            opts,
+            diags,
+            variables: table(&bp.variables, |v| &v.name),
+            values: table(&bp.values, |v| &v.name),
+            datasources: table(&bp.datasources, |d| &d.name),
+            resources: table(&bp.resources, |r| &r.name),
+            children: table(&bp.include, |i| &i.name),
+            graph: Graph::new(bp),
+            collect: None,
+        }
+    }
+
     fn run(&mut self, src: &SourceFile) {
         let bp = self.bp;
         for (i, v) in bp.values.iter().enumerate() {
