@@ -17,6 +17,7 @@ pub mod functions;
 pub mod plugin_checks;
 pub mod plugins;
 pub mod source;
+pub mod state;
 pub mod subst;
 pub mod transform;
 pub mod validate;
