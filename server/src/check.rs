@@ -185,18 +185,17 @@ pub fn validate_source(
     // A namespace whose plugin could not start is reported as such, not as
     // "missing".
     for d in &mut local.items {
-        if d.code == &codes::PROVIDER_MISSING {
-            if let Some((ns, why)) = plugins
+        if d.code == &codes::PROVIDER_MISSING
+            && let Some((ns, why)) = plugins
                 .unavailable
                 .iter()
                 .find(|(ns, _)| d.message.contains(&format!("`{ns}`")))
-            {
-                *d = Diagnostic::new(
-                    &codes::PLUGIN_UNAVAILABLE,
-                    d.span,
-                    format!("provider `{ns}` is installed but unavailable: {why}"),
-                );
-            }
+        {
+            *d = Diagnostic::new(
+                &codes::PLUGIN_UNAVAILABLE,
+                d.span,
+                format!("provider `{ns}` is installed but unavailable: {why}"),
+            );
         }
     }
     // Plugins are asked even when static checks failed, so one run reports

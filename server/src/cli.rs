@@ -185,13 +185,13 @@ pub fn validate_source(
     diags: &mut Diagnostics,
 ) {
     let mut local = Diagnostics::default();
-    if let Some(file) = document::load_bytes(sources, name, bytes, max_input_size, &mut local) {
-        if let Some(root) = document::parse(sources, file, Format::from_path(name), &mut local) {
-            let src = sources.get(file);
-            let bp = crate::blueprint::load(&root, src, file, &mut local);
-            drop(root);
-            validate::validate(&bp, src, opts, &mut local);
-        }
+    if let Some(file) = document::load_bytes(sources, name, bytes, max_input_size, &mut local)
+        && let Some(root) = document::parse(sources, file, Format::from_path(name), &mut local)
+    {
+        let src = sources.get(file);
+        let bp = crate::blueprint::load(&root, src, file, &mut local);
+        drop(root);
+        validate::validate(&bp, src, opts, &mut local);
     }
     local.sort();
     diags.extend(local.items);

@@ -52,10 +52,10 @@ pub fn run(args: &EvalArgs) -> ExitCode {
     };
     let mut probe = Console::new(blueprint.clone(), &args.vars, &env, args.max_input_size);
     let mut outcome = None;
-    if probe.ready() {
-        if let Some(expr) = &args.expr {
-            outcome = Some(probe.eval(expr, &env));
-        }
+    if probe.ready()
+        && let Some(expr) = &args.expr
+    {
+        outcome = Some(probe.eval(expr, &env));
     }
     let rt;
     let host;

@@ -157,13 +157,14 @@ fn items(
             .with("name", f.name.as_str())
             .with("size", f.size)
             .with("absolutePath", f.abs.to_string_lossy().into_owned());
-        if f.size <= MAX_CONTENT_BYTES && f.size <= budget {
-            if let Ok(bytes) = std::fs::read(&f.abs) {
-                let len = bytes.len() as u64;
-                if let (Ok(text), true) = (String::from_utf8(bytes), len <= budget) {
-                    budget -= len;
-                    item.insert("content", text);
-                }
+        if f.size <= MAX_CONTENT_BYTES
+            && f.size <= budget
+            && let Ok(bytes) = std::fs::read(&f.abs)
+        {
+            let len = bytes.len() as u64;
+            if let (Ok(text), true) = (String::from_utf8(bytes), len <= budget) {
+                budget -= len;
+                item.insert("content", text);
             }
         }
         out.push(item);

@@ -341,10 +341,10 @@ impl Resource for EnvFile {
     async fn validate(&self, ctx: &Context, req: &ValidateRequest) -> Result<Vec<Diagnostic>> {
         let spec = req.spec();
         let mut out = Vec::new();
-        if let Ok(base) = Base::from_ctx(ctx) {
-            if let Some(p) = spec.get("path").and_then(Value::as_str) {
-                out.extend(base.diagnose(p, "path"));
-            }
+        if let Ok(base) = Base::from_ctx(ctx)
+            && let Some(p) = spec.get("path").and_then(Value::as_str)
+        {
+            out.extend(base.diagnose(p, "path"));
         }
         Ok(out)
     }

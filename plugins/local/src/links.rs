@@ -53,22 +53,22 @@ impl Link for FileInDirectory {
 
     async fn stage(&self, ctx: &Context, link: &LinkRequest) -> Result<StagedLink> {
         let mut staged = StagedLink::default();
-        if let Some((file, dir)) = Base::from_ctx(ctx).ok().and_then(|b| known_paths(&b, link)) {
-            if !(file.starts_with(&dir) && file != dir) {
-                staged.diagnostics.push(
-                    Diagnostic::error(
-                        "local.file-outside-directory",
-                        format!(
-                            "file `{}` ({}) is not inside directory `{}` ({})",
-                            link.resource_a.name,
-                            file.display(),
-                            link.resource_b.name,
-                            dir.display()
-                        ),
-                    )
-                    .hint("put the file's path inside the directory, or remove the link"),
-                );
-            }
+        if let Some((file, dir)) = Base::from_ctx(ctx).ok().and_then(|b| known_paths(&b, link))
+            && !(file.starts_with(&dir) && file != dir)
+        {
+            staged.diagnostics.push(
+                Diagnostic::error(
+                    "local.file-outside-directory",
+                    format!(
+                        "file `{}` ({}) is not inside directory `{}` ({})",
+                        link.resource_a.name,
+                        file.display(),
+                        link.resource_b.name,
+                        dir.display()
+                    ),
+                )
+                .hint("put the file's path inside the directory, or remove the link"),
+            );
         }
         Ok(staged)
     }
@@ -276,13 +276,11 @@ impl Link for EnvFileLink {
             .annotations_b
             .get(NAME_ANNOTATION)
             .is_some_and(Value::is_unknown);
-        if !unknown {
-            if let Err(e) = self.variable(link) {
-                staged.diagnostics.push(Diagnostic::error(
-                    "local.envfile-variable-invalid",
-                    e.message,
-                ));
-            }
+        if !unknown && let Err(e) = self.variable(link) {
+            staged.diagnostics.push(Diagnostic::error(
+                "local.envfile-variable-invalid",
+                e.message,
+            ));
         }
         Ok(staged)
     }
@@ -303,10 +301,10 @@ impl Link for EnvFileLink {
         let token = ctx.cancellation_token();
         if is_removal(link) {
             let mut vars: Vec<String> = recorded.into_iter().collect();
-            if let Ok(v) = self.variable(link) {
-                if !vars.contains(&v) {
-                    vars.push(v);
-                }
+            if let Ok(v) = self.variable(link)
+                && !vars.contains(&v)
+            {
+                vars.push(v);
             }
             let variable = vars.first().cloned();
             blocking(move || change(&path, Change::Remove(vars), &|| token.is_cancelled())).await?;

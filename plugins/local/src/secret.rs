@@ -145,16 +145,18 @@ impl Resource for RandomSecret {
     async fn validate(&self, _ctx: &Context, req: &ValidateRequest) -> Result<Vec<Diagnostic>> {
         let spec = req.spec();
         let mut out = Vec::new();
-        if let Some(length) = spec.get("length").and_then(Value::as_i64) {
-            if !(MIN_LENGTH..=MAX_LENGTH).contains(&length) {
-                out.push(
-                    Diagnostic::error(
-                        "local.length-out-of-range",
-                        format!("`length` is {length}, but must be between {MIN_LENGTH} and {MAX_LENGTH}"),
-                    )
-                    .at("length"),
-                );
-            }
+        if let Some(length) = spec.get("length").and_then(Value::as_i64)
+            && !(MIN_LENGTH..=MAX_LENGTH).contains(&length)
+        {
+            out.push(
+                Diagnostic::error(
+                    "local.length-out-of-range",
+                    format!(
+                        "`length` is {length}, but must be between {MIN_LENGTH} and {MAX_LENGTH}"
+                    ),
+                )
+                .at("length"),
+            );
         }
         Ok(out)
     }

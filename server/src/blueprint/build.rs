@@ -713,17 +713,17 @@ impl Builder<'_> {
         }
         if let Some(a) = get(f, "aliasFor") {
             x.alias_for = self.plain_string(a, &format!("`aliasFor` of {what}"));
-            if let Some(alias) = &x.alias_for {
-                if alias.value.is_empty() || !alias.value.split('.').all(is_valid_name) {
-                    self.push(
-                        &codes::INVALID_NAME,
-                        alias.span,
-                        format!(
-                            "`aliasFor` of {what} must be a field name or dot path, found `{}`",
-                            alias.value
-                        ),
-                    );
-                }
+            if let Some(alias) = &x.alias_for
+                && (alias.value.is_empty() || !alias.value.split('.').all(is_valid_name))
+            {
+                self.push(
+                    &codes::INVALID_NAME,
+                    alias.span,
+                    format!(
+                        "`aliasFor` of {what} must be a field name or dot path, found `{}`",
+                        alias.value
+                    ),
+                );
             }
         }
         if let Some(d) = get(f, "description") {

@@ -261,7 +261,7 @@ fn expand(
 ) {
     let name = r.name.value.clone();
     let Some(each) = &r.each else {
-        let (x, value) = instance(r, &name, None, None, ev, env, external, diags);
+        let (x, value) = instance(r, &name, None, ev, env, external, diags);
         let index = push_instance(ev, x, value);
         ev.entries.insert(name, ResourceEntry::Single(index.1));
         return;
@@ -297,8 +297,7 @@ fn expand(
         let (x, value) = instance(
             r,
             &format!("{name}_{i}"),
-            Some(i),
-            Some(item),
+            Some((item, i)),
             ev,
             env,
             external,
@@ -317,17 +316,17 @@ fn push_instance(ev: &mut Evaluation, mut x: Expanded, value: ResourceValue) -> 
     (ev.resources.len() - 1, ev.instances.len() - 1)
 }
 
+/// One concrete resource; `element` is the `each` element and its index.
 fn instance(
     r: &Resource,
     name: &str,
-    index: Option<usize>,
-    elem: Option<&Value>,
+    element: Option<(&Value, usize)>,
     ev: &Evaluation,
     env: &Env<'_>,
     external: Option<&dyn ExternalFunctions>,
     diags: &mut Diagnostics,
 ) -> (Expanded, ResourceValue) {
-    let scope = ev.scope_with(env, elem.map(|e| (e, index.unwrap_or(0))), external);
+    let scope = ev.scope_with(env, element, external);
     let condition = r.condition.as_ref().map(|c| match condition(c, &scope) {
         Ok(v) => v,
         Err(e) => {
@@ -343,7 +342,7 @@ fn instance(
     // Only a resource that read a secret pays for a masked copy.
     let masked_spec = match &r.spec {
         Some(s) if scope.touched_secret.get() => {
-            let quiet = ev.scope_with(env, elem.map(|e| (e, index.unwrap_or(0))), external);
+            let quiet = ev.scope_with(env, element, external);
             Some(node_masked(s, &quiet, &mut |_| {}).1)
         }
         _ => None,
@@ -378,7 +377,7 @@ fn instance(
     let x = Expanded {
         name: name.to_owned(),
         template: r.name.value.clone(),
-        index,
+        index: element.map(|(_, i)| i),
         ty: r.ty.as_ref().map(|t| t.value.clone()).unwrap_or_default(),
         condition,
         instance: 0,

@@ -230,10 +230,11 @@ impl Scope<'_> {
             } => {
                 // A bare name is a function when one has that name (`link`
                 // resolves its arguments as resources itself).
-                if !prefixed && path.is_empty() {
-                    if let Some(f) = function_value(&name.text) {
-                        return Ok(Value::Func(f));
-                    }
+                if !prefixed
+                    && path.is_empty()
+                    && let Some(f) = function_value(&name.text)
+                {
+                    return Ok(Value::Func(f));
                 }
                 self.resource(e, &name.text, path)
             }
@@ -319,10 +320,10 @@ impl Scope<'_> {
                 // A field the blueprint does not set may be computed by the
                 // provider: unknown until deploy, not an error.
                 let read = access(&value.spec, rest, "").unwrap_or(Value::Unknown);
-                if let Some(masked) = &value.masked_spec {
-                    if access(masked, rest, "").ok().as_ref() != Some(&read) {
-                        self.touched_secret.set(true);
-                    }
+                if let Some(masked) = &value.masked_spec
+                    && access(masked, rest, "").ok().as_ref() != Some(&read)
+                {
+                    self.touched_secret.set(true);
                 }
                 Ok(read)
             }

@@ -2048,7 +2048,7 @@ mod tests {
         let mut chaos = 0u32;
         let mut inconsistent = |_: &Value, _: &Value| -> Result<Ordering, ()> {
             chaos += 1;
-            Ok(if chaos % 3 == 0 {
+            Ok(if chaos.is_multiple_of(3) {
                 Ordering::Less
             } else {
                 Ordering::Greater

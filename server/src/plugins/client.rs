@@ -246,14 +246,14 @@ impl Caller {
         loop {
             attempt += 1;
             let inst = self.slot.instance(deadline, &label).await?;
-            if let Some((cap, has)) = capability {
-                if !has(&inst.capabilities) {
-                    return Err(PluginError::Protocol {
-                        plugin: self.name().to_owned(),
-                        call: label,
-                        message: format!("the plugin does not declare the `{cap}` capability"),
-                    });
-                }
+            if let Some((cap, has)) = capability
+                && !has(&inst.capabilities)
+            {
+                return Err(PluginError::Protocol {
+                    plugin: self.name().to_owned(),
+                    call: label,
+                    message: format!("the plugin does not declare the `{cap}` capability"),
+                });
             }
             let call_id = unique_id();
             req.context_mut().call_id = call_id.clone();

@@ -101,13 +101,12 @@ pub fn search_dirs(plugin_dirs: &[PathBuf], search_exe_dir: bool) -> Vec<PathBuf
     for d in plugin_dirs {
         push(d.clone());
     }
-    if search_exe_dir {
-        if let Some(dir) = std::env::current_exe()
+    if search_exe_dir
+        && let Some(dir) = std::env::current_exe()
             .ok()
             .and_then(|p| p.parent().map(Path::to_path_buf))
-        {
-            push(dir);
-        }
+    {
+        push(dir);
     }
     dirs
 }

@@ -195,10 +195,11 @@ impl LockTable {
     /// Forgets a key's semaphore when nobody holds or waits for it.
     fn collect(&self, key: &(String, String)) {
         let mut sems = lock(&self.sems);
-        if let Some(sem) = sems.get(key) {
-            if Arc::strong_count(sem) == 1 && sem.available_permits() == 1 {
-                sems.remove(key);
-            }
+        if let Some(sem) = sems.get(key)
+            && Arc::strong_count(sem) == 1
+            && sem.available_permits() == 1
+        {
+            sems.remove(key);
         }
     }
 
@@ -222,13 +223,12 @@ impl HostServiceHandle {
             let _ = tx.send(());
         }
         let task = lock(&self.task).take();
-        if let Some(task) = task {
-            if tokio::time::timeout(Duration::from_secs(2), task)
+        if let Some(task) = task
+            && tokio::time::timeout(Duration::from_secs(2), task)
                 .await
                 .is_err()
-            {
-                tracing::warn!("Host service did not stop within 2s");
-            }
+        {
+            tracing::warn!("Host service did not stop within 2s");
         }
         self.remove_dir();
     }
@@ -245,10 +245,10 @@ impl HostServiceHandle {
     }
 
     fn remove_dir(&self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove the Host service directory");
-            }
+        if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove the Host service directory");
         }
     }
 }

@@ -99,21 +99,21 @@ impl ManifestCache {
     pub fn binary_hash(&self, binary: &Path) -> std::io::Result<(Fingerprint, String)> {
         let fp = Fingerprint::of(binary)?;
         let fp_path = self.fingerprint_path(binary);
-        if let Ok(text) = std::fs::read_to_string(&fp_path) {
-            if let Some(sha) = text.strip_prefix(fp.line("").trim_end()) {
-                let sha = sha.trim();
-                if sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Ok((fp, sha.to_owned()));
-                }
+        if let Ok(text) = std::fs::read_to_string(&fp_path)
+            && let Some(sha) = text.strip_prefix(fp.line("").trim_end())
+        {
+            let sha = sha.trim();
+            if sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Ok((fp, sha.to_owned()));
             }
         }
         let sha = hash_file(binary)?;
         // Hashing took time: only record the fingerprint if the file did not
         // change meanwhile.
-        if Fingerprint::of(binary).ok().as_ref() == Some(&fp) {
-            if let Err(e) = write_atomic(&fp_path, fp.line(&sha).as_bytes()) {
-                tracing::debug!(error = %e, "cannot write plugin fingerprint");
-            }
+        if Fingerprint::of(binary).ok().as_ref() == Some(&fp)
+            && let Err(e) = write_atomic(&fp_path, fp.line(&sha).as_bytes())
+        {
+            tracing::debug!(error = %e, "cannot write plugin fingerprint");
         }
         Ok((fp, sha))
     }

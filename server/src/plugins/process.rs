@@ -285,12 +285,11 @@ impl Process {
     }
 
     pub fn remove_socket_dir(&self) {
-        if !self.dir_removed.swap(true, Ordering::AcqRel) {
-            if let Err(e) = std::fs::remove_dir_all(&self.socket_dir) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(dir = %self.socket_dir.display(), error = %e, "cannot remove plugin socket directory");
-                }
-            }
+        if !self.dir_removed.swap(true, Ordering::AcqRel)
+            && let Err(e) = std::fs::remove_dir_all(&self.socket_dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.socket_dir.display(), error = %e, "cannot remove plugin socket directory");
         }
     }
 }

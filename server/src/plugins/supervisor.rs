@@ -440,10 +440,10 @@ impl Slot {
     ) -> Result<Arc<pb::Manifest>, PluginError> {
         let path = self.binary.path.clone();
         let fp = Fingerprint::of(&path).ok();
-        if let (Some(fp), Some((cached_fp, m))) = (&fp, lock(&self.manifest).as_ref()) {
-            if fp == cached_fp {
-                return Ok(m.clone());
-            }
+        if let (Some(fp), Some((cached_fp, m))) = (&fp, lock(&self.manifest).as_ref())
+            && fp == cached_fp
+        {
+            return Ok(m.clone());
         }
         let hashed = match &self.shared.cache {
             Some(cache) => {
@@ -456,13 +456,13 @@ impl Slot {
             }
             None => None,
         };
-        if let (Some(cache), Some((fp, sha))) = (&self.shared.cache, &hashed) {
-            if let Some(m) = cache.load(sha, &self.binary) {
-                tracing::debug!(plugin = %self.binary.name, sha = %sha, "manifest from cache");
-                let m = Arc::new(m);
-                *lock(&self.manifest) = Some((fp.clone(), m.clone()));
-                return Ok(m);
-            }
+        if let (Some(cache), Some((fp, sha))) = (&self.shared.cache, &hashed)
+            && let Some(m) = cache.load(sha, &self.binary)
+        {
+            tracing::debug!(plugin = %self.binary.name, sha = %sha, "manifest from cache");
+            let m = Arc::new(m);
+            *lock(&self.manifest) = Some((fp.clone(), m.clone()));
+            return Ok(m);
         }
         let inst = self.instance(deadline, "GetManifest").await?;
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());

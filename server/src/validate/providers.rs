@@ -346,19 +346,19 @@ fn check_node(
         ));
         return;
     }
-    if literal && !schema.allowed_values.is_empty() {
-        if let Some(v) = literal_value(node) {
-            if !schema.allowed_values.iter().any(|a| same(a, &v)) {
-                let list: Vec<String> = schema.allowed_values.iter().map(render).collect();
-                let mut d = Diagnostic::new(
-                    &codes::SPEC_FIELD_NOT_ALLOWED,
-                    node.span,
-                    format!("{what} is {}, which is not an allowed value", render(&v)),
-                );
-                d.hint = Some(format!("allowed: {}", list.join(", ")));
-                diags.push(d);
-            }
-        }
+    if literal
+        && !schema.allowed_values.is_empty()
+        && let Some(v) = literal_value(node)
+        && !schema.allowed_values.iter().any(|a| same(a, &v))
+    {
+        let list: Vec<String> = schema.allowed_values.iter().map(render).collect();
+        let mut d = Diagnostic::new(
+            &codes::SPEC_FIELD_NOT_ALLOWED,
+            node.span,
+            format!("{what} is {}, which is not an allowed value", render(&v)),
+        );
+        d.hint = Some(format!("allowed: {}", list.join(", ")));
+        diags.push(d);
     }
     match (&node.kind, want) {
         (TKind::Map(entries), SchemaType::Object) => {

@@ -253,11 +253,11 @@ impl<'a, 'o> Checker<'a, 'o> {
             for t in ts {
                 self.template(t, ctx);
             }
-            if let Some(each) = &r.each {
-                if each.single_substitution().is_some() {
-                    let what = format!("`each` of resource `{}`", r.name.value);
-                    self.expect_type(each, Static::Array, &codes::EACH_TYPE, &what);
-                }
+            if let Some(each) = &r.each
+                && each.single_substitution().is_some()
+            {
+                let what = format!("`each` of resource `{}`", r.name.value);
+                self.expect_type(each, Static::Array, &codes::EACH_TYPE, &what);
             }
             if let Some(c) = &r.condition {
                 let mut cs = Vec::new();
@@ -329,10 +329,10 @@ impl<'a, 'o> Checker<'a, 'o> {
 
     fn edge(&mut self, ctx: Ctx<'_>, target: NodeRef, span: Span) {
         let t = self.graph.index(target);
-        if let Some(o) = ctx.owner {
-            if !self.graph.edges[o].iter().any(|(x, _)| *x == t) {
-                self.graph.edges[o].push((t, span));
-            }
+        if let Some(o) = ctx.owner
+            && !self.graph.edges[o].iter().any(|(x, _)| *x == t)
+        {
+            self.graph.edges[o].push((t, span));
         }
         if let Some(c) = &mut self.collect {
             c.push((t, span));
@@ -544,11 +544,11 @@ impl<'a, 'o> Checker<'a, 'o> {
         let found = self.resources.get(name.text.as_str()).copied();
         if path.is_empty() {
             // `link(a, b)` takes resources themselves.
-            if ctx.arg_of == Some("link") {
-                if let Some(i) = found {
-                    self.edge(ctx, NodeRef::Resource(i), e.span);
-                    return;
-                }
+            if ctx.arg_of == Some("link")
+                && let Some(i) = found
+            {
+                self.edge(ctx, NodeRef::Resource(i), e.span);
+                return;
             }
             // A bare name is a function value when a function has that name.
             if !prefixed && self.opts.functions.lookup(&name.text).is_some() {

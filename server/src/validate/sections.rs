@@ -50,73 +50,72 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
         }
     }
     for d in &bp.datasources {
-        if let Some(ty) = &d.ty {
-            if !is_type_path(&ty.value, 2, usize::MAX) {
-                diags.push(
-                    Diagnostic::new(
-                        &codes::DATASOURCE_TYPE,
-                        ty.span,
-                        format!(
-                            "data source type `{}` is not of the form `{{provider}}/{{type}}`",
-                            ty.value
-                        ),
-                    )
-                    .with_hint("for example `aws/vpc`"),
-                );
-            }
+        if let Some(ty) = &d.ty
+            && !is_type_path(&ty.value, 2, usize::MAX)
+        {
+            diags.push(
+                Diagnostic::new(
+                    &codes::DATASOURCE_TYPE,
+                    ty.span,
+                    format!(
+                        "data source type `{}` is not of the form `{{provider}}/{{type}}`",
+                        ty.value
+                    ),
+                )
+                .with_hint("for example `aws/vpc`"),
+            );
         }
         for f in &d.filters {
-            if let Some(op) = &f.operator {
-                if !FILTER_OPERATORS.contains(&op.value.as_str()) {
-                    let mut diag = Diagnostic::new(
-                        &codes::FILTER_OPERATOR,
-                        op.span,
-                        format!("unknown filter operator `{}`", op.value),
-                    );
-                    diag = match did_you_mean(&op.value, FILTER_OPERATORS.iter().copied()) {
-                        Some(s) => diag.with_hint(format!("did you mean `{s}`?")),
-                        None => {
-                            diag.with_hint(format!("operators: {}", FILTER_OPERATORS.join(", ")))
-                        }
-                    };
-                    diags.push(diag);
-                }
+            if let Some(op) = &f.operator
+                && !FILTER_OPERATORS.contains(&op.value.as_str())
+            {
+                let mut diag = Diagnostic::new(
+                    &codes::FILTER_OPERATOR,
+                    op.span,
+                    format!("unknown filter operator `{}`", op.value),
+                );
+                diag = match did_you_mean(&op.value, FILTER_OPERATORS.iter().copied()) {
+                    Some(s) => diag.with_hint(format!("did you mean `{s}`?")),
+                    None => diag.with_hint(format!("operators: {}", FILTER_OPERATORS.join(", "))),
+                };
+                diags.push(diag);
             }
         }
-        if let Some(span) = d.exports_span {
-            if d.exports.is_empty() {
-                diags.push(Diagnostic::new(
-                    &codes::DATASOURCE_EXPORTS_EMPTY,
-                    span,
-                    format!("data source `{}` exports no fields", d.name.value),
-                ));
-            }
+        if let Some(span) = d.exports_span
+            && d.exports.is_empty()
+        {
+            diags.push(Diagnostic::new(
+                &codes::DATASOURCE_EXPORTS_EMPTY,
+                span,
+                format!("data source `{}` exports no fields", d.name.value),
+            ));
         }
         for x in &d.exports {
-            if let Some(ty) = &x.ty {
-                if !DATASOURCE_EXPORT_TYPES.contains(&ty.value.as_str()) {
-                    let mut diag = Diagnostic::new(
-                        &codes::DATASOURCE_EXPORT_TYPE,
-                        ty.span,
-                        format!("`{}` is not a data source export type", ty.value),
-                    );
-                    diag = if ty.value == "object" {
-                        diag.with_hint("data sources export primitives or arrays of primitives; export the nested fields with dot paths")
-                    } else {
-                        diag.with_hint(format!(
-                            "expected one of: {}",
-                            DATASOURCE_EXPORT_TYPES.join(", ")
-                        ))
-                    };
-                    diags.push(diag);
-                }
+            if let Some(ty) = &x.ty
+                && !DATASOURCE_EXPORT_TYPES.contains(&ty.value.as_str())
+            {
+                let mut diag = Diagnostic::new(
+                    &codes::DATASOURCE_EXPORT_TYPE,
+                    ty.span,
+                    format!("`{}` is not a data source export type", ty.value),
+                );
+                diag = if ty.value == "object" {
+                    diag.with_hint("data sources export primitives or arrays of primitives; export the nested fields with dot paths")
+                } else {
+                    diag.with_hint(format!(
+                        "expected one of: {}",
+                        DATASOURCE_EXPORT_TYPES.join(", ")
+                    ))
+                };
+                diags.push(diag);
             }
         }
     }
     for r in &bp.resources {
-        if let Some(ty) = &r.ty {
-            if !is_type_path(&ty.value, 2, 3) {
-                diags.push(
+        if let Some(ty) = &r.ty
+            && !is_type_path(&ty.value, 2, 3)
+        {
+            diags.push(
                     Diagnostic::new(
                         &codes::RESOURCE_TYPE,
                         ty.span,
@@ -127,16 +126,16 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
                     )
                     .with_hint("for example `aws/lambda/function` or `celerity/handler`"),
                 );
-            }
         }
-        if let Some(each) = r.each.as_ref().filter(|t| !t.broken) {
-            if each.single_substitution().is_none() {
-                let found = match each.substitutions().count() {
-                    0 => "no substitution",
-                    1 => "text around the substitution",
-                    _ => "several substitutions",
-                };
-                diags.push(
+        if let Some(each) = r.each.as_ref().filter(|t| !t.broken)
+            && each.single_substitution().is_none()
+        {
+            let found = match each.substitutions().count() {
+                0 => "no substitution",
+                1 => "text around the substitution",
+                _ => "several substitutions",
+            };
+            diags.push(
                     Diagnostic::new(
                         &codes::EACH_SHAPE,
                         each.span,
@@ -144,14 +143,13 @@ pub fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
                     )
                     .with_hint("for example `each: ${values.buckets}`"),
                 );
-            }
         }
     }
     for x in &bp.exports {
-        if let Some(ty) = &x.ty {
-            if !VALUE_TYPES.contains(&ty.value.as_str()) {
-                unknown_type(&codes::EXPORT_TYPE, ty, "export", VALUE_TYPES, diags);
-            }
+        if let Some(ty) = &x.ty
+            && !VALUE_TYPES.contains(&ty.value.as_str())
+        {
+            unknown_type(&codes::EXPORT_TYPE, ty, "export", VALUE_TYPES, diags);
         }
     }
 }
@@ -248,26 +246,26 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
     } else {
         t.to_owned()
     };
-    if let Some(def) = &v.default {
-        if !fits(t, &def.value) {
-            diags.push(
-                Diagnostic::new(
-                    &codes::VARIABLE_DEFAULT_TYPE,
-                    def.span,
-                    format!(
-                        "the default of variable `{}` must be {label}, found {} {}",
-                        v.name.value,
-                        def.value.type_name(),
-                        show(v, &def.value)
-                    ),
-                )
-                .with_hint(if matches!(def.value, Scalar::Str(_)) {
-                    "remove the quotes"
-                } else {
-                    "quote it to make it a string"
-                }),
-            );
-        }
+    if let Some(def) = &v.default
+        && !fits(t, &def.value)
+    {
+        diags.push(
+            Diagnostic::new(
+                &codes::VARIABLE_DEFAULT_TYPE,
+                def.span,
+                format!(
+                    "the default of variable `{}` must be {label}, found {} {}",
+                    v.name.value,
+                    def.value.type_name(),
+                    show(v, &def.value)
+                ),
+            )
+            .with_hint(if matches!(def.value, Scalar::Str(_)) {
+                "remove the quotes"
+            } else {
+                "quote it to make it a string"
+            }),
+        );
     }
     if let Some(allowed) = &v.allowed_values {
         if t == "boolean" {
@@ -295,26 +293,25 @@ fn variable(v: &Variable, diags: &mut Diagnostics) {
                 ));
             }
         }
-        if let Some(def) = &v.default {
-            if !allowed
+        if let Some(def) = &v.default
+            && !allowed
                 .value
                 .iter()
                 .any(|a| scalar_eq(&a.value, &def.value))
-            {
-                let list: Vec<String> = allowed.value.iter().map(|a| show(v, &a.value)).collect();
-                diags.push(
-                    Diagnostic::new(
-                        &codes::VARIABLE_DEFAULT_NOT_ALLOWED,
-                        def.span,
-                        format!(
-                            "the default {} of variable `{}` is not one of its allowed values",
-                            show(v, &def.value),
-                            v.name.value
-                        ),
-                    )
-                    .with_hint(format!("allowed: {}", list.join(", "))),
-                );
-            }
+        {
+            let list: Vec<String> = allowed.value.iter().map(|a| show(v, &a.value)).collect();
+            diags.push(
+                Diagnostic::new(
+                    &codes::VARIABLE_DEFAULT_NOT_ALLOWED,
+                    def.span,
+                    format!(
+                        "the default {} of variable `{}` is not one of its allowed values",
+                        show(v, &def.value),
+                        v.name.value
+                    ),
+                )
+                .with_hint(format!("allowed: {}", list.join(", "))),
+            );
         }
     }
 }
@@ -367,21 +364,21 @@ fn supplied_variables(bp: &Blueprint, supplied: &[(String, String)], diags: &mut
             ));
             continue;
         };
-        if let Some(allowed) = &var.allowed_values {
-            if !allowed.value.iter().any(|a| scalar_eq(&a.value, &value)) {
-                let list: Vec<String> = allowed.value.iter().map(|a| show(var, &a.value)).collect();
-                diags.push(
-                    Diagnostic::new(
-                        &codes::VARIABLE_INPUT,
-                        var.name.span,
-                        format!(
-                            "--var {name}: `{}` is not one of the allowed values",
-                            mask(var, text)
-                        ),
-                    )
-                    .with_hint(format!("allowed: {}", list.join(", "))),
-                );
-            }
+        if let Some(allowed) = &var.allowed_values
+            && !allowed.value.iter().any(|a| scalar_eq(&a.value, &value))
+        {
+            let list: Vec<String> = allowed.value.iter().map(|a| show(var, &a.value)).collect();
+            diags.push(
+                Diagnostic::new(
+                    &codes::VARIABLE_INPUT,
+                    var.name.span,
+                    format!(
+                        "--var {name}: `{}` is not one of the allowed values",
+                        mask(var, text)
+                    ),
+                )
+                .with_hint(format!("allowed: {}", list.join(", "))),
+            );
         }
     }
 }
