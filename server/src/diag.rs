@@ -265,47 +265,29 @@ pub fn render_text(d: &Diagnostic, sources: &SourceMap) -> String {
     out
 }
 
-/// Escapes a string for JSON output.
-pub fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// Renders a diagnostic as one JSON object in the documented shape.
 pub fn render_json(d: &Diagnostic, sources: &SourceMap) -> String {
+    render_json_value(d, sources).to_string()
+}
+
+/// The documented JSON shape of a diagnostic, as a value.
+pub fn render_json_value(d: &Diagnostic, sources: &SourceMap) -> serde_json::Value {
     let file = sources.get(d.span.file);
     let (start, end) = sources.resolve(d.span);
-    let mut out = format!(
-        "{{\"severity\":\"{}\",\"code\":\"{}\",\"message\":{},\"file\":{},\"line\":{},\"column\":{},\"end_line\":{},\"end_column\":{}",
-        d.severity.as_str(),
-        d.code.id,
-        json_string(&d.message),
-        json_string(&file.name),
-        start.line,
-        start.column,
-        end.line,
-        end.column
-    );
-    if let Some(h) = &d.hint {
-        let _ = write!(out, ",\"hint\":{}", json_string(h));
+    let mut v = serde_json::json!({
+        "severity": d.severity.as_str(),
+        "code": d.code.id,
+        "message": d.message,
+        "file": file.name,
+        "line": start.line,
+        "column": start.column,
+        "end_line": end.line,
+        "end_column": end.column,
+    });
+    if let (Some(h), Some(o)) = (&d.hint, v.as_object_mut()) {
+        o.insert("hint".into(), serde_json::Value::String(h.clone()));
     }
-    out.push('}');
-    out
+    v
 }
 
 /// The closest candidate by edit distance, for "did you mean" hints.
