@@ -210,6 +210,32 @@ impl Caller {
         self.slot.name()
     }
 
+    /// The manifest (disk cache or GetManifest).
+    async fn manifest(&self) -> Result<Arc<pb::Manifest>, PluginError> {
+        let d = self.slot.shared.config.deadlines.manifest;
+        self.slot.manifest(Instant::now() + d).await
+    }
+
+    /// Starts the plugin if it is not running; returns its pid.
+    async fn start(&self) -> Result<u32, PluginError> {
+        let d = self.slot.shared.config.launch_timeout + Duration::from_secs(1);
+        Ok(self
+            .slot
+            .instance(Instant::now() + d, "start")
+            .await?
+            .process
+            .pid)
+    }
+
+    /// The running process, if any.
+    fn pid(&self) -> Option<u32> {
+        self.slot.live().map(|i| i.process.pid)
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        self.slot.shared.config.max_message_bytes
+    }
+
     async fn call<Req, Resp, F, Fut>(
         &self,
         kind: CallKind,
@@ -456,7 +482,7 @@ impl ProviderClient {
     }
 
     fn raw(&self, ch: Channel) -> RawProvider<Channel> {
-        let max = self.c.slot.shared.config.max_message_bytes;
+        let max = self.c.max_message_bytes();
         RawProvider::new(ch)
             .max_decoding_message_size(max)
             .max_encoding_message_size(max)
@@ -464,25 +490,17 @@ impl ProviderClient {
 
     /// The manifest (disk cache or GetManifest).
     pub async fn manifest(&self) -> Result<Arc<pb::Manifest>, PluginError> {
-        let d = self.c.slot.shared.config.deadlines.manifest;
-        self.c.slot.manifest(Instant::now() + d).await
+        self.c.manifest().await
     }
 
     /// Starts the plugin if it is not running; returns its pid.
     pub async fn start(&self) -> Result<u32, PluginError> {
-        let d = self.c.slot.shared.config.launch_timeout + Duration::from_secs(1);
-        Ok(self
-            .c
-            .slot
-            .instance(Instant::now() + d, "start")
-            .await?
-            .process
-            .pid)
+        self.c.start().await
     }
 
     /// The running process, if any.
     pub fn pid(&self) -> Option<u32> {
-        self.c.slot.live().map(|i| i.process.pid)
+        self.c.pid()
     }
 
     /// The capabilities declared at handshake (starts the plugin).
@@ -843,30 +861,25 @@ impl TransformerClient {
     }
 
     fn raw(&self, ch: Channel) -> RawTransformer<Channel> {
-        let max = self.c.slot.shared.config.max_message_bytes;
+        let max = self.c.max_message_bytes();
         RawTransformer::new(ch)
             .max_decoding_message_size(max)
             .max_encoding_message_size(max)
     }
 
+    /// The manifest (disk cache or GetManifest).
     pub async fn manifest(&self) -> Result<Arc<pb::Manifest>, PluginError> {
-        let d = self.c.slot.shared.config.deadlines.manifest;
-        self.c.slot.manifest(Instant::now() + d).await
+        self.c.manifest().await
     }
 
+    /// Starts the plugin if it is not running; returns its pid.
     pub async fn start(&self) -> Result<u32, PluginError> {
-        let d = self.c.slot.shared.config.launch_timeout + Duration::from_secs(1);
-        Ok(self
-            .c
-            .slot
-            .instance(Instant::now() + d, "start")
-            .await?
-            .process
-            .pid)
+        self.c.start().await
     }
 
+    /// The running process, if any.
     pub fn pid(&self) -> Option<u32> {
-        self.c.slot.live().map(|i| i.process.pid)
+        self.c.pid()
     }
 
     /// Expands abstract resources; the blueprint travels as JSON.
