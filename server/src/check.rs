@@ -3,7 +3,7 @@
 //! output says back onto what the user wrote. `trellis validate` runs this
 //! unless `--skip-provider-checks`; the daemon's validate call will too.
 
-use crate::diag::{Diagnostic, Diagnostics, codes};
+use crate::diag::Diagnostics;
 use crate::document::{self, Format};
 use crate::plugin_checks::{self, PluginAccess};
 use crate::plugins::{CallOptions, PluginError, PluginHost};
@@ -11,17 +11,15 @@ use crate::source::{SourceMap, Span};
 use crate::transform::{self, Transforms};
 use crate::validate::providers::Manifests;
 use crate::validate::{self, Options};
-use std::collections::HashMap;
 use tokio::runtime::Runtime;
 use trellis_proto::plugin::v1 as pb;
 
-/// Plugin knowledge gathered once per run: the providers' manifests, and
-/// why any provider could not be asked.
+/// Plugin knowledge gathered once per run: the providers' manifests (which
+/// also know why any installed provider could not be asked).
 pub struct PluginContext<'a> {
     pub host: &'a PluginHost,
     pub rt: &'a Runtime,
     pub manifests: Manifests,
-    pub unavailable: HashMap<String, String>,
 }
 
 impl<'a> PluginContext<'a> {
@@ -29,20 +27,17 @@ impl<'a> PluginContext<'a> {
     /// when the binary is unchanged, otherwise by starting it).
     pub fn load(host: &'a PluginHost, rt: &'a Runtime) -> PluginContext<'a> {
         let mut ok = Vec::new();
-        let mut unavailable = HashMap::new();
+        let mut unavailable = Vec::new();
         for (name, result) in rt.block_on(host.provider_manifests()) {
             match result {
                 Ok(m) => ok.push((*m).clone()),
-                Err(e) => {
-                    unavailable.insert(name, e.to_string());
-                }
+                Err(e) => unavailable.push((name, e.to_string())),
             }
         }
         PluginContext {
             host,
             rt,
-            manifests: Manifests::new(ok),
-            unavailable,
+            manifests: Manifests::with_unavailable(ok, unavailable),
         }
     }
 }
@@ -182,22 +177,6 @@ pub fn validate_source(
     let src = sources.get(vfile);
     let bp = crate::blueprint::load(vroot, src, vfile, &mut local);
     validate::validate(&bp, src, &opts, &mut local);
-    // A namespace whose plugin could not start is reported as such, not as
-    // "missing".
-    for d in &mut local.items {
-        if d.code == &codes::PROVIDER_MISSING
-            && let Some((ns, why)) = plugins
-                .unavailable
-                .iter()
-                .find(|(ns, _)| d.message.contains(&format!("`{ns}`")))
-        {
-            *d = Diagnostic::new(
-                &codes::PLUGIN_UNAVAILABLE,
-                d.span,
-                format!("provider `{ns}` is installed but unavailable: {why}"),
-            );
-        }
-    }
     // Plugins are asked even when static checks failed, so one run reports
     // everything; only types a provider declares are sent.
     let known = |ty: &str| {

@@ -232,3 +232,36 @@ fn provider_functions_are_callable_from_eval() {
     assert_eq!(code, Some(1));
     assert_eq!(v["diagnostics"][0]["code"], "T0701");
 }
+
+#[test]
+fn an_installed_provider_that_cannot_start_is_reported_as_unavailable() {
+    let root = TempDir::new("validate-unavailable");
+    let plugins = plugin_dir(&root);
+    plugins_common::script(
+        &plugins,
+        "trellis-provider-broken",
+        "echo 'cannot load config' >&2\nexit 3\n",
+    );
+    let file = root.join("bp.yaml");
+    std::fs::write(
+        &file,
+        "version: 2023-04-20\nresources:\n  a:\n    type: broken/thing\n    spec: {}\n",
+    )
+    .unwrap();
+    let (code, diags, messages) = validate(&root, &plugins, &file);
+    assert_eq!(
+        (code, diags),
+        (Some(1), vec![("T0815".to_owned(), 4)]),
+        "{messages:#?}"
+    );
+    assert!(
+        messages[0].contains("provider `broken` is installed but unavailable"),
+        "{}",
+        messages[0]
+    );
+    assert!(
+        messages[0].contains("cannot load config"),
+        "{}",
+        messages[0]
+    );
+}

@@ -19,10 +19,22 @@ pub struct Manifests {
     providers: Vec<Manifest>,
     /// Provider functions as signatures (see [`Manifests::functions`]).
     signatures: Vec<&'static Signature>,
+    /// Providers that are installed but could not answer, and why: their
+    /// types are reported as unavailable rather than missing.
+    unavailable: Vec<(String, String)>,
 }
 
 impl Manifests {
     pub fn new(providers: Vec<Manifest>) -> Manifests {
+        Manifests::with_unavailable(providers, Vec::new())
+    }
+
+    /// Manifests of the providers that answered, plus (namespace, reason)
+    /// for installed ones that did not.
+    pub fn with_unavailable(
+        providers: Vec<Manifest>,
+        unavailable: Vec<(String, String)>,
+    ) -> Manifests {
         let signatures = providers
             .iter()
             .flat_map(|m| m.functions.iter())
@@ -31,6 +43,7 @@ impl Manifests {
         Manifests {
             providers,
             signatures,
+            unavailable,
         }
     }
 
@@ -289,6 +302,14 @@ impl ProviderChecks for Manifests {
 
 impl Manifests {
     fn missing_provider(&self, ns: &str, span: Span, what: &str, diags: &mut Diagnostics) {
+        if let Some((_, why)) = self.unavailable.iter().find(|(n, _)| n == ns) {
+            diags.push(Diagnostic::new(
+                &codes::PLUGIN_UNAVAILABLE,
+                span,
+                format!("provider `{ns}` is installed but unavailable: {why}"),
+            ));
+            return;
+        }
         let mut d = Diagnostic::new(
             &codes::PROVIDER_MISSING,
             span,
