@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "trellis/plugin/v1/types.proto",
         "trellis/plugin/v1/plugin.proto",
+        "trellis/engine/v1/engine.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

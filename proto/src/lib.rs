@@ -3,6 +3,15 @@
 //! - [`plugin::v1`]: the plugin protocol (`proto/trellis/plugin/v1/`), spoken
 //!   between the engine and its provider and transformer plugins. The .proto
 //!   files are the contract; docs/plugin-protocol.md explains them.
+//! - [`engine::v1`]: the engine API (`proto/trellis/engine/v1/`), what CI
+//!   systems and the CLI speak to `trellis serve`; docs/engine-api.md.
+
+pub mod engine {
+    pub mod v1 {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("trellis.engine.v1");
+    }
+}
 
 pub mod plugin {
     pub mod v1 {
