@@ -135,6 +135,8 @@ fn intend(name: &str, spec: Value) -> Change {
         name: name.into(),
         resource_type: "test/thing".into(),
         spec,
+        depends_on: vec![],
+        metadata: Value::Null,
     }
 }
 
@@ -324,6 +326,8 @@ pub async fn deployed_state_crud(h: &Harness) {
                 Change::IntendUpdate {
                     name: "db".into(),
                     spec: json!({ "size": 2 }),
+                    depends_on: vec![],
+                    metadata: Value::Null,
                 },
                 Change::ResourceUpdated {
                     name: "db".into(),
@@ -487,6 +491,8 @@ pub async fn unit_of_work_is_atomic(h: &Harness) {
             Change::IntendUpdate {
                 name: "db".into(),
                 spec: json!({ "v": 2 }),
+                depends_on: vec![],
+                metadata: Value::Null,
             },
             created("db", "db-2"),
         ],
@@ -940,13 +946,16 @@ pub async fn intents_before_create(h: &Harness) {
     step(Change::IntendUpdate {
         name: "db".into(),
         spec: json!({ "engine": "postgres", "size": 2 }),
+        depends_on: vec!["net".into(), "dns".into()],
+        metadata: json!({ "labels": { "app": "orders" } }),
     })
     .await
     .unwrap();
-    assert_eq!(
-        state(h, &app).await.resource("db").unwrap().status,
-        ResourceStatus::UpdateRequested
-    );
+    let db = state(h, &app).await.resource("db").unwrap().clone();
+    assert_eq!(db.status, ResourceStatus::UpdateRequested);
+    // What it waits for and its labels are kept for removal and link planning.
+    assert_eq!(db.depends_on, ["net", "dns"]);
+    assert_eq!(db.metadata, json!({ "labels": { "app": "orders" } }));
     step(Change::ResourceFailed {
         name: "db".into(),
         reason: "timeout".into(),
@@ -960,6 +969,8 @@ pub async fn intents_before_create(h: &Harness) {
     step(Change::IntendUpdate {
         name: "db".into(),
         spec: json!({ "size": 3 }),
+        depends_on: vec![],
+        metadata: Value::Null,
     })
     .await
     .unwrap();

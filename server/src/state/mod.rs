@@ -159,6 +159,8 @@ pub trait StateStore: Send + Sync + 'static {
             name: name.into(),
             resource_type: resource_type.into(),
             spec,
+            depends_on: Vec::new(),
+            metadata: Value::Null,
         };
         self.commit(lease, vec![change], vec![event]).await
     }

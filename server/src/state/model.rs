@@ -83,6 +83,16 @@ status_enum! {
         Destroying = "destroying",
         Destroyed = "destroyed",
         DestroyFailed = "destroy_failed",
+        /// A deployed instance is being changed.
+        Updating = "updating",
+        Updated = "updated",
+        UpdateFailed = "update_failed",
+        /// A failed operation is being undone.
+        RollingBack = "rolling_back",
+        RollbackComplete = "rollback_complete",
+        RollbackFailed = "rollback_failed",
+        /// The engine stopped while an operation ran; drift check and reconcile recover it.
+        Interrupted = "interrupted",
     }
 }
 
@@ -180,6 +190,10 @@ pub struct Resource {
     /// The computed state last reported by the provider.
     pub state: Option<Value>,
     pub status: ResourceStatus,
+    /// The resources it waits for, as last intended.
+    pub depends_on: Vec<String>,
+    /// Its evaluated metadata (labels, annotations); null when never recorded.
+    pub metadata: Value,
     pub external_id: Option<String>,
     pub failure_reason: Option<String>,
     pub created_at: Timestamp,
@@ -368,6 +382,10 @@ pub enum Change {
         name: String,
         resource_type: String,
         spec: Value,
+        /// The resources it waits for (kept so removal and destroy order survive the blueprint).
+        depends_on: Vec<String>,
+        /// Its evaluated metadata (labels, annotations).
+        metadata: Value,
     },
     /// The provider created it (from `CreateRequested`).
     ResourceCreated {
@@ -379,6 +397,8 @@ pub enum Change {
     IntendUpdate {
         name: String,
         spec: Value,
+        depends_on: Vec<String>,
+        metadata: Value,
     },
     /// The provider updated it (from `UpdateRequested`); `external_id` when it changed.
     ResourceUpdated {
@@ -656,6 +676,8 @@ mod tests {
             name: "r".into(),
             resource_type: "t".into(),
             spec: Value::Null,
+            depends_on: vec![],
+            metadata: Value::Null,
         };
         assert_eq!(
             resource_transition(None, &create).unwrap(),

@@ -304,7 +304,7 @@ fn decode_instance(row: &Row<'_>) -> Result<Instance> {
 }
 
 const RESOURCE_COLS: &str = "instance_id, name, type, spec, state, status, external_id, \
-                             failure_reason, created_at, updated_at";
+                             failure_reason, created_at, updated_at, depends_on, metadata";
 
 fn decode_resource(row: &Row<'_>) -> Result<Resource> {
     let instance_id: String = row.get(0)?;
@@ -316,7 +316,22 @@ fn decode_resource(row: &Row<'_>) -> Result<Resource> {
         None => None,
     };
     let status = parse_status(ResourceStatus::parse, &row.get::<_, String>(5)?, &what())?;
+    let depends_on = parse_json(&row.get::<_, String>(10)?, || {
+        format!("{} depends_on", what())
+    })?;
+    let depends_on = match depends_on {
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let metadata = parse_json(&row.get::<_, String>(11)?, || {
+        format!("{} metadata", what())
+    })?;
     Ok(Resource {
+        depends_on,
+        metadata,
         resource_type: row.get(2)?,
         spec,
         state,
@@ -760,11 +775,15 @@ impl Tx<'_> {
                 name,
                 resource_type,
                 spec,
+                depends_on,
+                metadata,
             } => {
+                let deps = json_text(&Value::from(depends_on.clone()));
                 if current.is_none() {
                     tx.prepare_cached(
                         "INSERT INTO resources (instance_id, name, type, spec, status, \
-                         created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+                         created_at, updated_at, depends_on, metadata) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8)",
                     )?
                     .execute(params![
                         inst,
@@ -772,12 +791,14 @@ impl Tx<'_> {
                         resource_type,
                         json_text(spec),
                         status,
-                        now
+                        now,
+                        deps,
+                        json_text(metadata)
                     ])?;
                 } else {
                     tx.prepare_cached(
                         "UPDATE resources SET type = ?3, spec = ?4, status = ?5, \
-                         failure_reason = NULL, updated_at = ?6 \
+                         failure_reason = NULL, updated_at = ?6, depends_on = ?7, metadata = ?8 \
                          WHERE instance_id = ?1 AND name = ?2",
                     )?
                     .execute(params![
@@ -786,7 +807,9 @@ impl Tx<'_> {
                         resource_type,
                         json_text(spec),
                         status,
-                        now
+                        now,
+                        deps,
+                        json_text(metadata)
                     ])?;
                 }
             }
@@ -808,12 +831,27 @@ impl Tx<'_> {
                     now
                 ])?;
             }
-            Change::IntendUpdate { name, spec } => {
+            Change::IntendUpdate {
+                name,
+                spec,
+                depends_on,
+                metadata,
+            } => {
+                let deps = json_text(&Value::from(depends_on.clone()));
                 tx.prepare_cached(
                     "UPDATE resources SET status = ?3, spec = ?4, failure_reason = NULL, \
-                     updated_at = ?5 WHERE instance_id = ?1 AND name = ?2",
+                     updated_at = ?5, depends_on = ?6, metadata = ?7 \
+                     WHERE instance_id = ?1 AND name = ?2",
                 )?
-                .execute(params![inst, name, status, json_text(spec), now])?;
+                .execute(params![
+                    inst,
+                    name,
+                    status,
+                    json_text(spec),
+                    now,
+                    deps,
+                    json_text(metadata)
+                ])?;
             }
             Change::ResourceUpdated {
                 name,

@@ -16,10 +16,11 @@ pub(crate) struct Migration {
 /// Tables are STRICT (SQLite checks column types) and every JSON value is TEXT holding one
 /// serialized `serde_json::Value`. Timestamps are milliseconds since the Unix epoch. Rowid tables
 /// keep insertion order (`ORDER BY rowid`), which the API promises for lists.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    sql: r#"
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sql: r#"
 CREATE TABLE instances (
     id               TEXT PRIMARY KEY,
     name             TEXT NOT NULL UNIQUE,
@@ -128,7 +129,18 @@ CREATE TABLE events (
     PRIMARY KEY (instance_id, seq)
 ) STRICT, WITHOUT ROWID;
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "resource graph",
+        // What a resource waited for and its metadata (labels): removal and destroy order, and
+        // link changes, are planned from state after the blueprint no longer names it.
+        sql: r#"
+ALTER TABLE resources ADD COLUMN depends_on TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE resources ADD COLUMN metadata TEXT NOT NULL DEFAULT 'null';
+"#,
+    },
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
