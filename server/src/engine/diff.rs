@@ -1,0 +1,1 @@
+//! Field-level differences between a resource's recorded spec and its planned one.

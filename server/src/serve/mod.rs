@@ -1,0 +1,5 @@
+//! `trellis serve`: the engine daemon.
+
+pub mod config;
+
+pub use config::ServeArgs;
