@@ -11,21 +11,23 @@ use crate::source::{SourceMap, Span};
 use crate::transform::{self, Transforms};
 use crate::validate::providers::Manifests;
 use crate::validate::{self, Options};
-use tokio::runtime::Runtime;
+use tokio::runtime::Handle;
 use trellis_proto::plugin::v1 as pb;
 
 /// Plugin knowledge gathered once per run: the providers' manifests (which
 /// also know why any installed provider could not be asked).
 pub struct PluginContext<'a> {
     pub host: &'a PluginHost,
-    pub rt: &'a Runtime,
+    /// Plugin calls block on this runtime: callers run on a blocking thread (or outside any
+    /// runtime), never on an async worker.
+    pub rt: Handle,
     pub manifests: Manifests,
 }
 
 impl<'a> PluginContext<'a> {
     /// Fetches the manifest of every discovered provider (from the cache
     /// when the binary is unchanged, otherwise by starting it).
-    pub fn load(host: &'a PluginHost, rt: &'a Runtime) -> PluginContext<'a> {
+    pub fn load(host: &'a PluginHost, rt: Handle) -> PluginContext<'a> {
         let mut ok = Vec::new();
         let mut unavailable = Vec::new();
         for (name, result) in rt.block_on(host.provider_manifests()) {
@@ -136,14 +138,44 @@ pub fn validate_source(
     plugins: &PluginContext<'_>,
     diags: &mut Diagnostics,
 ) {
+    check_source(
+        sources,
+        name,
+        bytes,
+        variables,
+        max_input_size,
+        plugins,
+        diags,
+    );
+}
+
+/// A blueprint as validated: the model of the document that was checked (the transformers'
+/// output when it has `transform:`), and its dependency graph.
+pub struct Checked {
+    pub file: crate::source::FileId,
+    pub blueprint: crate::blueprint::Blueprint,
+    pub graph: crate::validate::refs::Graph,
+}
+
+/// [`validate_source`], also returning what was validated (`None` when the file could not be
+/// read or parsed). Check `diags` for errors before using it.
+pub fn check_source(
+    sources: &mut SourceMap,
+    name: &str,
+    bytes: Vec<u8>,
+    variables: &[(String, String)],
+    max_input_size: usize,
+    plugins: &PluginContext<'_>,
+    diags: &mut Diagnostics,
+) -> Option<Checked> {
     let mut local = Diagnostics::default();
     let Some(file) = document::load_bytes(sources, name, bytes, max_input_size, &mut local) else {
         finish(local, diags);
-        return;
+        return None;
     };
     let Some(root) = document::parse(sources, file, Format::from_path(name), &mut local) else {
         finish(local, diags);
-        return;
+        return None;
     };
     // Transforms come first: the document that is validated is their output.
     let original =
@@ -160,7 +192,7 @@ pub fn validate_source(
             Some(t) => Some(t),
             None => {
                 finish(local, diags);
-                return;
+                return None;
             }
         }
     };
@@ -176,7 +208,7 @@ pub fn validate_source(
     };
     let src = sources.get(vfile);
     let bp = crate::blueprint::load(vroot, src, vfile, &mut local);
-    validate::validate(&bp, src, &opts, &mut local);
+    let graph = validate::validate(&bp, src, &opts, &mut local);
     // Plugins are asked even when static checks failed, so one run reports
     // everything; only types a provider declares are sent.
     let known = |ty: &str| {
@@ -187,6 +219,11 @@ pub fn validate_source(
         t.map_back(&root, &mut local);
     }
     finish(local, diags);
+    Some(Checked {
+        file: vfile,
+        blueprint: bp,
+        graph,
+    })
 }
 
 fn finish(mut local: Diagnostics, diags: &mut Diagnostics) {

@@ -74,7 +74,7 @@ pub fn run(args: &EvalArgs) -> ExitCode {
             }
         };
         host = crate::plugins::PluginHost::new(args.plugins.host_config());
-        context = crate::check::PluginContext::load(&host, &rt);
+        context = crate::check::PluginContext::load(&host, rt.handle().clone());
         let plugins = Plugins {
             manifests: &context.manifests,
             functions: &context,

@@ -1,4 +1,1209 @@
 //! The engine: plans change sets, executes them, destroys and reconciles instances, and keeps
-//! what happened in the state store.
+//! what happened in the state store. The gRPC handlers (`crate::serve::api`) only decode, call
+//! an [`Engine`] method and encode.
+//!
+//! Invariants:
+//! - Every mutation of an instance runs under the instance's lease, as an Operation recorded
+//!   (with its `request_id`) before any work starts; a retry of the same request returns it.
+//! - A provider create is preceded by a durable intent (`exec`), so a crash never orphans.
+//! - Plans are tied to the instance version they read and to a digest of their exact inputs;
+//!   execution re-evaluates exactly those inputs.
 
 pub mod diff;
+pub mod exec;
+pub mod plan;
+pub mod prepare;
+pub mod provision;
+pub mod state_values;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+use crate::check::PluginContext;
+use crate::plugins::PluginHost;
+use crate::state::{
+    Change, ChangeSet, ChangeSetStatus, Conflict, InstanceState, InstanceStatus, InterruptScope,
+    Lease, NewChangeSet, NewEvent, NewOperation, Operation, OperationKind, OperationStatus,
+    Resource, ResourceStatus, StateError, StateStore,
+};
+use exec::{Outcome, RunContext};
+use plan::Plan;
+use prepare::{Inputs, Prepared};
+use provision::{Observed, Provisioner};
+
+/// Settings of an engine (from `trellis serve`'s configuration).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Who takes leases and accepts operations. Stable across restarts of the same engine (one
+    /// per data directory), so a restart recognises the operations its previous run left.
+    pub owner: String,
+    pub max_parallel: usize,
+    pub lease_ttl: Duration,
+    pub max_input_size: usize,
+    /// Roots under which requests may name blueprint files on the engine host.
+    pub allowed_roots: Vec<PathBuf>,
+    /// The working directory `cwd()` returns in blueprints.
+    pub cwd: PathBuf,
+}
+
+/// An engine call's failure, mapped to a gRPC status by the API layer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineError {
+    NotFound(String),
+    /// Bad input; for an invalid blueprint the message holds the rendered diagnostics.
+    InvalidArgument(String),
+    /// Stale or executed change set, or an instance in the wrong state.
+    FailedPrecondition(String),
+    /// Another operation holds the instance.
+    Aborted(String),
+    /// The request id was used for another request.
+    AlreadyExists(String),
+    PermissionDenied(String),
+    /// The engine is shutting down.
+    Unavailable(String),
+    Internal(String),
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = match self {
+            EngineError::NotFound(m)
+            | EngineError::InvalidArgument(m)
+            | EngineError::FailedPrecondition(m)
+            | EngineError::Aborted(m)
+            | EngineError::AlreadyExists(m)
+            | EngineError::PermissionDenied(m)
+            | EngineError::Unavailable(m)
+            | EngineError::Internal(m) => m,
+        };
+        f.write_str(m)
+    }
+}
+
+impl From<StateError> for EngineError {
+    fn from(e: StateError) -> Self {
+        match &e {
+            StateError::NotFound { .. } => EngineError::NotFound(e.to_string()),
+            StateError::Conflict(Conflict::LeaseHeld { .. }) => EngineError::Aborted(format!(
+                "another operation is running on the instance ({e})"
+            )),
+            StateError::Stale { .. } | StateError::AlreadyExecuted { .. } => {
+                EngineError::FailedPrecondition(e.to_string())
+            }
+            StateError::RequestIdReused { .. } => EngineError::AlreadyExists(e.to_string()),
+            StateError::EventsPruned { .. } => EngineError::FailedPrecondition(e.to_string()),
+            _ => EngineError::Internal(e.to_string()),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// Where a blueprint comes from in a request.
+#[derive(Clone, Debug)]
+pub enum Source {
+    Inline {
+        file_name: String,
+        content: Vec<u8>,
+        children: Vec<(String, Vec<u8>)>,
+    },
+    Path(PathBuf),
+}
+
+/// A planned change set as the API shows it.
+#[derive(Clone, Debug)]
+pub struct ChangeSetView {
+    pub change_set: ChangeSet,
+    pub instance_name: String,
+    pub plan: Plan,
+    pub diagnostics: Vec<Json>,
+}
+
+struct Running {
+    stop: CancellationToken,
+    cancel_requested: Arc<AtomicBool>,
+}
+
+pub struct Engine {
+    store: Arc<dyn StateStore>,
+    host: Arc<PluginHost>,
+    provisioner: Arc<dyn Provisioner>,
+    config: EngineConfig,
+    running: Mutex<HashMap<String, Running>>,
+    /// Wakes drain when an operation ends.
+    finished: tokio::sync::Notify,
+    draining: AtomicBool,
+    rt: Handle,
+}
+
+fn now_nanos() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+fn digest(parts: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p.as_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Engine {
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        host: Arc<PluginHost>,
+        provisioner: Arc<dyn Provisioner>,
+        config: EngineConfig,
+        rt: Handle,
+    ) -> Arc<Engine> {
+        Arc::new(Engine {
+            store,
+            host,
+            provisioner,
+            config,
+            running: Mutex::new(HashMap::new()),
+            finished: tokio::sync::Notify::new(),
+            draining: AtomicBool::new(false),
+            rt,
+        })
+    }
+
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    fn accepting(&self) -> Result<()> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(EngineError::Unavailable(
+                "the engine is shutting down and accepts no new operations".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    // ---- inputs ---------------------------------------------------------------------------
+
+    /// The documents of a request. A path must lie under an allowed root.
+    fn read_source(&self, source: Source) -> Result<Vec<(String, Vec<u8>)>> {
+        match source {
+            Source::Inline {
+                file_name,
+                content,
+                children,
+            } => {
+                if file_name.is_empty() {
+                    return Err(EngineError::InvalidArgument(
+                        "the inline blueprint needs a file name (it chooses YAML or JSON)".into(),
+                    ));
+                }
+                let mut files = vec![(file_name, content)];
+                files.extend(children);
+                Ok(files)
+            }
+            Source::Path(path) => {
+                let resolved = self.allowed_path(&path)?;
+                let content = std::fs::read(&resolved).map_err(|e| {
+                    EngineError::InvalidArgument(format!("{}: {e}", path.display()))
+                })?;
+                Ok(vec![(resolved.display().to_string(), content)])
+            }
+        }
+    }
+
+    fn allowed_path(&self, path: &Path) -> Result<PathBuf> {
+        let denied = || {
+            EngineError::PermissionDenied(format!(
+                "{} is not under a root the engine allows (--allow-path); send the blueprint inline",
+                path.display()
+            ))
+        };
+        if self.config.allowed_roots.is_empty() {
+            return Err(denied());
+        }
+        let absolute = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.config.cwd.join(path)
+        };
+        // Canonical, so `..` and symlinks cannot step outside a root.
+        let canonical = absolute
+            .canonicalize()
+            .map_err(|e| EngineError::InvalidArgument(format!("{}: {e}", path.display())))?;
+        if self
+            .config
+            .allowed_roots
+            .iter()
+            .any(|root| canonical.starts_with(root))
+        {
+            Ok(canonical)
+        } else {
+            Err(denied())
+        }
+    }
+
+    /// Runs `f` on a blocking thread with plugin access (validation and provider functions
+    /// block on the engine's runtime).
+    async fn with_plugins<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Engine, &PluginContext<'_>) -> T + Send + 'static,
+    ) -> Result<T> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let plugins = PluginContext::load(&this.host, this.rt.clone());
+            f(&this, &plugins)
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("engine task failed: {e}")))
+    }
+
+    // ---- validate -------------------------------------------------------------------------
+
+    /// Validates with the plugins; diagnostics in the documented JSON shape.
+    pub async fn validate(
+        self: &Arc<Self>,
+        source: Source,
+        variables: Vec<(String, String)>,
+    ) -> Result<Vec<Json>> {
+        let files = self.read_source(source)?;
+        let max = self.config.max_input_size;
+        self.with_plugins(move |_, plugins| {
+            let mut sources = crate::source::SourceMap::new();
+            let mut diags = crate::diag::Diagnostics::default();
+            let (name, bytes) = files.into_iter().next().unwrap_or_default();
+            crate::check::validate_source(
+                &mut sources,
+                &name,
+                bytes,
+                &variables,
+                max,
+                plugins,
+                &mut diags,
+            );
+            diags
+                .items
+                .iter()
+                .map(|d| crate::diag::render_json_value(d, &sources))
+                .collect()
+        })
+        .await
+    }
+
+    // ---- change sets ----------------------------------------------------------------------
+
+    async fn instance_named(&self, name: &str) -> Result<crate::state::Instance> {
+        self.store
+            .find_instance(name)
+            .await?
+            .ok_or_else(|| EngineError::NotFound(format!("instance `{name}` not found")))
+    }
+
+    pub async fn create_change_set(
+        self: &Arc<Self>,
+        instance: &str,
+        source: Source,
+        variables: Vec<(String, String)>,
+    ) -> Result<ChangeSetView> {
+        if instance.is_empty() {
+            return Err(EngineError::InvalidArgument(
+                "an instance name is required".into(),
+            ));
+        }
+        let files = self.read_source(source)?;
+        let inputs = Inputs {
+            files,
+            variables,
+            now_unix_nanos: now_nanos(),
+        };
+        let inst = match self.store.find_instance(instance).await? {
+            Some(i) => i,
+            None => match self.store.create_instance(instance).await {
+                Ok(i) => i,
+                // Created by a concurrent plan.
+                Err(StateError::Conflict(Conflict::NameTaken { .. })) => {
+                    self.instance_named(instance).await?
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let current = self.store.load_state(&inst.id).await?;
+        let max = self.config.max_input_size;
+        let cwd = self.config.cwd.display().to_string();
+        let planned_inputs = inputs.clone();
+        let (plan, diagnostics, errors) = self
+            .with_plugins(move |_, plugins| {
+                let mut prepared = prepare::prepare(&planned_inputs, max, plugins, &cwd);
+                if prepared.diags.has_errors() {
+                    return (Plan::default(), Vec::new(), Some(prepared.errors_text()));
+                }
+                let plan = plan::plan(&mut prepared, &current, &plugins.manifests, plugins);
+                if prepared.diags.has_errors() {
+                    return (plan, Vec::new(), Some(prepared.errors_text()));
+                }
+                (plan, prepared.diagnostics_json(), None)
+            })
+            .await?;
+        if let Some(errors) = errors {
+            return Err(EngineError::InvalidArgument(format!(
+                "the blueprint has errors:\n{errors}"
+            )));
+        }
+        let body = json!({
+            "inputs": inputs.to_json(),
+            "plan": plan.to_json(),
+            "summary": plan.summary(),
+            "diagnostics": diagnostics,
+        });
+        let cs = self
+            .store
+            .create_change_set(NewChangeSet {
+                instance_id: inst.id.clone(),
+                planned_version: current_version(&self.store, &inst.id).await?,
+                digest: inputs.digest(),
+                body,
+            })
+            .await?;
+        Ok(ChangeSetView {
+            change_set: cs,
+            instance_name: inst.name,
+            plan,
+            diagnostics,
+        })
+    }
+
+    pub async fn get_change_set(&self, id: &str) -> Result<ChangeSetView> {
+        let cs = self.store.get_change_set(id).await?;
+        let inst = self.store.get_instance(&cs.instance_id).await?;
+        Ok(view(cs, inst.name))
+    }
+
+    pub async fn list_change_sets(&self, instance: &str) -> Result<Vec<ChangeSetView>> {
+        let inst = self.instance_named(instance).await?;
+        Ok(self
+            .store
+            .list_change_sets(&inst.id)
+            .await?
+            .into_iter()
+            .map(|cs| view(cs, inst.name.clone()))
+            .collect())
+    }
+
+    // ---- operations -------------------------------------------------------------------------
+
+    /// The existing operation for a retried request, or `None` for a new request id.
+    async fn retried(&self, request_id: &str, request_digest: &str) -> Result<Option<Operation>> {
+        if request_id.is_empty() {
+            return Err(EngineError::InvalidArgument(
+                "request_id is required (a fresh unique id per request; reuse it to retry)".into(),
+            ));
+        }
+        match self.store.find_operation(request_id).await? {
+            Some(op) if op.request_digest == request_digest => Ok(Some(op)),
+            Some(_) => Err(EngineError::AlreadyExists(format!(
+                "request id `{request_id}` was already used for a different request"
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    async fn lease(&self, instance_id: &str) -> Result<Lease> {
+        Ok(self
+            .store
+            .acquire_lease(instance_id, &self.config.owner, self.config.lease_ttl)
+            .await?)
+    }
+
+    /// Records the operation and marks it running, under `lease`.
+    async fn start_operation(
+        &self,
+        lease: &Lease,
+        kind: OperationKind,
+        request_id: &str,
+        request_digest: &str,
+        change_set_id: Option<String>,
+        instance_status: InstanceStatus,
+    ) -> Result<Operation> {
+        let accepted = self
+            .store
+            .create_operation(NewOperation {
+                instance_id: lease.instance_id.clone(),
+                kind,
+                request_id: request_id.to_owned(),
+                request_digest: request_digest.to_owned(),
+                change_set_id: change_set_id.clone(),
+                owner: self.config.owner.clone(),
+            })
+            .await?;
+        let op = accepted.operation;
+        self.store
+            .commit(
+                lease,
+                vec![
+                    Change::OperationStatus {
+                        id: op.id.clone(),
+                        status: OperationStatus::Running,
+                        error: None,
+                    },
+                    Change::InstanceStatus(instance_status),
+                ],
+                vec![NewEvent::new(
+                    "operation.started",
+                    json!({ "operation": op.id, "kind": kind.as_str(),
+                            "changeSet": change_set_id, "status": instance_status.as_str() }),
+                )],
+            )
+            .await?;
+        Ok(self.store.get_operation(&op.id).await?)
+    }
+
+    /// Starts executing a change set.
+    pub async fn execute(
+        self: &Arc<Self>,
+        request_id: &str,
+        change_set_id: &str,
+        rollback_on_failure: bool,
+    ) -> Result<Operation> {
+        let request_digest = digest(&[
+            "execute",
+            change_set_id,
+            if rollback_on_failure { "rollback" } else { "" },
+        ]);
+        if let Some(op) = self.retried(request_id, &request_digest).await? {
+            return Ok(op);
+        }
+        self.accepting()?;
+        let cs = self.store.get_change_set(change_set_id).await?;
+        if cs.status != ChangeSetStatus::Planned {
+            return Err(EngineError::FailedPrecondition(format!(
+                "change set {change_set_id} is {}; plan again",
+                cs.status
+            )));
+        }
+        let lease = self.lease(&cs.instance_id).await?;
+        let before = match self.store.begin_execution(change_set_id, &lease).await {
+            Ok(_) => self.store.load_state(&cs.instance_id).await?,
+            Err(e) => {
+                let _ = self.store.release_lease(&lease).await;
+                return Err(e.into());
+            }
+        };
+        let status = match before.instance.status {
+            InstanceStatus::New | InstanceStatus::Destroyed => InstanceStatus::Deploying,
+            _ if before.resources.is_empty() => InstanceStatus::Deploying,
+            _ => InstanceStatus::Updating,
+        };
+        let op = match self
+            .start_operation(
+                &lease,
+                OperationKind::Deploy,
+                request_id,
+                &request_digest,
+                Some(cs.id.clone()),
+                status,
+            )
+            .await
+        {
+            Ok(op) => op,
+            Err(e) => {
+                // The change set was taken for execution: mark it failed rather than leave it.
+                let _ = self
+                    .store
+                    .commit(
+                        &lease,
+                        vec![Change::ChangeSetStatus {
+                            id: cs.id.clone(),
+                            status: ChangeSetStatus::Failed,
+                        }],
+                        vec![],
+                    )
+                    .await;
+                let _ = self.store.release_lease(&lease).await;
+                return Err(e);
+            }
+        };
+        let updating = status == InstanceStatus::Updating;
+        self.spawn_run(op.clone(), lease, move |engine, ctx, plugins| {
+            engine.run_deploy(ctx, plugins, cs, before, rollback_on_failure, updating)
+        });
+        Ok(op)
+    }
+
+    /// Starts destroying an instance.
+    pub async fn destroy(self: &Arc<Self>, request_id: &str, instance: &str) -> Result<Operation> {
+        let request_digest = digest(&["destroy", instance]);
+        if let Some(op) = self.retried(request_id, &request_digest).await? {
+            return Ok(op);
+        }
+        self.accepting()?;
+        let inst = self.instance_named(instance).await?;
+        let lease = self.lease(&inst.id).await?;
+        let op = match self
+            .start_operation(
+                &lease,
+                OperationKind::Destroy,
+                request_id,
+                &request_digest,
+                None,
+                InstanceStatus::Destroying,
+            )
+            .await
+        {
+            Ok(op) => op,
+            Err(e) => {
+                let _ = self.store.release_lease(&lease).await;
+                return Err(e);
+            }
+        };
+        self.spawn_run(op.clone(), lease, |engine, ctx, _| engine.run_destroy(ctx));
+        Ok(op)
+    }
+
+    /// Starts a reconcile: unresolved provider calls are settled, drifted resources accepted
+    /// or re-applied.
+    pub async fn reconcile(
+        self: &Arc<Self>,
+        request_id: &str,
+        instance: &str,
+        accept_external: bool,
+        only: Vec<String>,
+    ) -> Result<Operation> {
+        let mode = if accept_external { "accept" } else { "reapply" };
+        let request_digest = digest(&["reconcile", instance, mode, &only.join("\u{0}")]);
+        if let Some(op) = self.retried(request_id, &request_digest).await? {
+            return Ok(op);
+        }
+        self.accepting()?;
+        let inst = self.instance_named(instance).await?;
+        let lease = self.lease(&inst.id).await?;
+        let status = inst.status;
+        let op = match self
+            .start_operation(
+                &lease,
+                OperationKind::Reconcile,
+                request_id,
+                &request_digest,
+                None,
+                status,
+            )
+            .await
+        {
+            Ok(op) => op,
+            Err(e) => {
+                let _ = self.store.release_lease(&lease).await;
+                return Err(e);
+            }
+        };
+        self.spawn_run(op.clone(), lease, move |engine, ctx, _| {
+            engine.run_reconcile(ctx, accept_external, &only)
+        });
+        Ok(op)
+    }
+
+    /// Asks a running operation to stop at its next safe point.
+    pub async fn cancel(&self, operation_id: &str) -> Result<Operation> {
+        let op = self.store.get_operation(operation_id).await?;
+        if let Some(r) = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(operation_id)
+        {
+            r.cancel_requested.store(true, Ordering::SeqCst);
+            r.stop.cancel();
+        }
+        Ok(op)
+    }
+
+    /// Runs an operation on a blocking thread (see `exec`) and records how it ended.
+    fn spawn_run(
+        self: &Arc<Self>,
+        op: Operation,
+        lease: Lease,
+        body: impl FnOnce(&Engine, &Arc<RunContext>, &PluginContext<'_>) -> Finish + Send + 'static,
+    ) {
+        let stop = CancellationToken::new();
+        let cancel_requested = Arc::new(AtomicBool::new(false));
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                op.id.clone(),
+                Running {
+                    stop: stop.clone(),
+                    cancel_requested: cancel_requested.clone(),
+                },
+            );
+        let lease = Arc::new(Mutex::new(lease));
+        let heartbeat_done = CancellationToken::new();
+        let ctx = Arc::new(RunContext {
+            store: self.store.clone(),
+            provisioner: self.provisioner.clone(),
+            lease: lease.clone(),
+            operation: op.clone(),
+            max_parallel: self.config.max_parallel,
+            stop: stop.clone(),
+            rt: self.rt.clone(),
+        });
+        let this = self.clone();
+        self.rt.spawn(async move {
+            exec::spawn_heartbeat(
+                this.store.clone(),
+                lease.clone(),
+                this.config.lease_ttl,
+                heartbeat_done.clone(),
+                stop.clone(),
+            );
+            let runner = this.clone();
+            let run_ctx = ctx.clone();
+            let finish = tokio::task::spawn_blocking(move || {
+                let plugins = PluginContext::load(&runner.host, runner.rt.clone());
+                body(&runner, &run_ctx, &plugins)
+            })
+            .await
+            .unwrap_or_else(|e| Finish::failed(format!("the operation panicked: {e}")));
+            heartbeat_done.cancel();
+            // Stopped by a drain: the operation is left running for `interrupt_own` to mark.
+            let drained = this.draining.load(Ordering::SeqCst)
+                && stop.is_cancelled()
+                && !cancel_requested.load(Ordering::SeqCst);
+            if !drained {
+                let cancelled = cancel_requested.load(Ordering::SeqCst);
+                if let Err(e) = this.finish(&ctx, finish, cancelled).await {
+                    tracing::error!(operation = %op.id, error = %e, "could not record the end of the operation");
+                }
+                let current = lease.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let _ = this.store.release_lease(&current).await;
+            }
+            this.running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&op.id);
+            this.finished.notify_waiters();
+        });
+    }
+
+    /// Records the end of an operation: its status, the instance's and the change set's, and
+    /// the terminal `operation.finished` event, in one transaction.
+    async fn finish(&self, ctx: &RunContext, f: Finish, cancelled: bool) -> Result<()> {
+        let op = &ctx.operation;
+        let status = match (&f.error, cancelled) {
+            (None, _) => OperationStatus::Succeeded,
+            (Some(_), true) => OperationStatus::Cancelled,
+            (Some(_), false) => OperationStatus::Failed,
+        };
+        let mut changes = vec![];
+        if let Some(s) = f.instance_status {
+            changes.push(Change::InstanceStatus(s));
+        }
+        changes.extend(f.changes);
+        if let Some(cs) = &op.change_set_id {
+            changes.push(Change::ChangeSetStatus {
+                id: cs.clone(),
+                status: if f.error.is_none() {
+                    ChangeSetStatus::Executed
+                } else {
+                    ChangeSetStatus::Failed
+                },
+            });
+        }
+        changes.push(Change::OperationStatus {
+            id: op.id.clone(),
+            status,
+            error: f.error.clone(),
+        });
+        let event = NewEvent::new(
+            "operation.finished",
+            json!({ "status": status.as_str(), "error": f.error,
+                    "instanceStatus": f.instance_status.map(|s| s.as_str()) }),
+        );
+        ctx.commit(changes, vec![event]).await?;
+        Ok(())
+    }
+
+    fn run_deploy(
+        &self,
+        ctx: &Arc<RunContext>,
+        plugins: &PluginContext<'_>,
+        cs: ChangeSet,
+        before: InstanceState,
+        rollback_on_failure: bool,
+        updating: bool,
+    ) -> Finish {
+        let (ok_status, failed_status) = if updating {
+            (InstanceStatus::Updated, InstanceStatus::UpdateFailed)
+        } else {
+            (InstanceStatus::Deployed, InstanceStatus::DeployFailed)
+        };
+        let fail = |error: String| Finish {
+            error: Some(error),
+            instance_status: Some(failed_status),
+            changes: vec![],
+        };
+        let Some(inputs) = cs.body.get("inputs").and_then(Inputs::from_json) else {
+            return fail("the change set's recorded inputs cannot be read".into());
+        };
+        if inputs.digest() != cs.digest {
+            return fail("the change set's recorded inputs do not match its digest".into());
+        }
+        let Some(plan) = cs.body.get("plan").and_then(Plan::from_json) else {
+            return fail("the change set's plan cannot be read".into());
+        };
+        let cwd = self.config.cwd.display().to_string();
+        let mut prepared: Prepared =
+            prepare::prepare(&inputs, self.config.max_input_size, plugins, &cwd);
+        if prepared.diags.has_errors() {
+            return fail(format!(
+                "the blueprint no longer validates with the installed plugins:\n{}",
+                prepared.errors_text()
+            ));
+        }
+        let (outcome, done) = exec::deploy(ctx, &mut prepared, &plan, &before, plugins);
+        match outcome {
+            Outcome::Succeeded => {
+                // Exports read the final state of every resource.
+                let changes = match self.final_exports(ctx, &mut prepared, plugins) {
+                    Ok(c) => c,
+                    Err(e) => return fail(e),
+                };
+                Finish {
+                    error: None,
+                    instance_status: Some(ok_status),
+                    changes,
+                }
+            }
+            Outcome::Failed { error, .. } if rollback_on_failure && !self.drained(ctx) => {
+                let _ = ctx.commit_blocking(
+                    vec![Change::InstanceStatus(InstanceStatus::RollingBack)],
+                    vec![NewEvent::new(
+                        "rollback.started",
+                        json!({ "reason": error, "steps": done.len() }),
+                    )],
+                );
+                // Rollback must run to the end even though the run was asked to stop.
+                let status = match exec::rollback(ctx, &done) {
+                    Ok(()) => InstanceStatus::RollbackComplete,
+                    Err(e) => {
+                        tracing::error!(operation = %ctx.operation.id, error = %e, "rollback failed");
+                        InstanceStatus::RollbackFailed
+                    }
+                };
+                Finish {
+                    error: Some(error),
+                    instance_status: Some(status),
+                    changes: vec![],
+                }
+            }
+            Outcome::Failed { error, .. } => fail(error),
+        }
+    }
+
+    fn drained(&self, ctx: &RunContext) -> bool {
+        self.draining.load(Ordering::SeqCst) && ctx.stop.is_cancelled()
+    }
+
+    /// The instance's exports after a deploy: every resource's recorded state is read into the
+    /// evaluation, then each export is evaluated and type-checked.
+    fn final_exports(
+        &self,
+        ctx: &RunContext,
+        prepared: &mut Prepared,
+        plugins: &PluginContext<'_>,
+    ) -> std::result::Result<Vec<Change>, String> {
+        if prepared.blueprint.exports.is_empty() {
+            return Ok(vec![]);
+        }
+        let state = ctx
+            .rt
+            .block_on(ctx.store.load_state(&ctx.operation.instance_id))
+            .map_err(|e| e.to_string())?;
+        for r in &state.resources {
+            if let (Some(idx), Some(s)) = (prepared.find(&r.name), &r.state) {
+                let slot = prepared.evaluation.resources[idx].instance;
+                prepared.evaluation.instances[slot].state = Some(state_values::to_eval(s));
+            }
+        }
+        let mut changes = Vec::new();
+        let mut errors = Vec::new();
+        for (name, ty, value) in prepared.exports(plugins) {
+            match value {
+                Ok(v) => changes.push(Change::PutExport {
+                    name,
+                    export_type: ty,
+                    value: state_values::eval_to_json(&v),
+                }),
+                Err(e) => errors.push(e),
+            }
+        }
+        for old in &state.exports {
+            if !prepared
+                .blueprint
+                .exports
+                .iter()
+                .any(|x| x.name.value == old.name)
+            {
+                changes.push(Change::RemoveExport {
+                    name: old.name.clone(),
+                });
+            }
+        }
+        if errors.is_empty() {
+            Ok(changes)
+        } else {
+            Err(errors.join("\n"))
+        }
+    }
+
+    fn run_destroy(&self, ctx: &Arc<RunContext>) -> Finish {
+        let state = match ctx
+            .rt
+            .block_on(ctx.store.load_state(&ctx.operation.instance_id))
+        {
+            Ok(s) => s,
+            Err(e) => return Finish::failed(e.to_string()),
+        };
+        let resources: Vec<&Resource> = state.resources.iter().collect();
+        let (outcome, _) = exec::destroy_all(ctx, &resources);
+        match outcome {
+            Outcome::Succeeded => Finish {
+                error: None,
+                instance_status: Some(InstanceStatus::Destroyed),
+                changes: state
+                    .exports
+                    .iter()
+                    .map(|e| Change::RemoveExport {
+                        name: e.name.clone(),
+                    })
+                    .collect(),
+            },
+            Outcome::Failed { error, .. } => Finish {
+                error: Some(error),
+                instance_status: Some(InstanceStatus::DestroyFailed),
+                changes: vec![],
+            },
+        }
+    }
+
+    fn run_reconcile(&self, ctx: &Arc<RunContext>, accept: bool, only: &[String]) -> Finish {
+        let inst = ctx.operation.instance_id.clone();
+        let state = match ctx.rt.block_on(ctx.store.load_state(&inst)) {
+            Ok(s) => s,
+            Err(e) => return Finish::failed(e.to_string()),
+        };
+        let mut errors = Vec::new();
+        for r in state
+            .resources
+            .iter()
+            .filter(|r| only.is_empty() || only.contains(&r.name))
+        {
+            if ctx.stop.is_cancelled() {
+                errors.push("the operation was stopped before it finished".to_owned());
+                break;
+            }
+            if let Err(e) = ctx.rt.block_on(exec::reconcile_one(ctx, r, accept)) {
+                errors.push(format!("{}: {e}", r.name));
+            }
+        }
+        let after = ctx.rt.block_on(ctx.store.load_state(&inst));
+        let settled = after.as_ref().is_ok_and(|s| {
+            s.resources
+                .iter()
+                .all(|r| matches!(r.status, ResourceStatus::Created | ResourceStatus::Updated))
+        });
+        let status = if !settled || !errors.is_empty() {
+            InstanceStatus::DeployFailed
+        } else if after.is_ok_and(|s| s.resources.is_empty()) {
+            InstanceStatus::Destroyed
+        } else {
+            InstanceStatus::Deployed
+        };
+        Finish {
+            error: (!errors.is_empty()).then(|| errors.join("\n")),
+            instance_status: Some(status),
+            changes: vec![],
+        }
+    }
+
+    // ---- reads ----------------------------------------------------------------------------
+
+    pub async fn get_instance(&self, name: &str) -> Result<InstanceState> {
+        let inst = self.instance_named(name).await?;
+        Ok(self.store.load_state(&inst.id).await?)
+    }
+
+    pub async fn list_instances(&self) -> Result<Vec<crate::state::Instance>> {
+        Ok(self.store.list_instances().await?)
+    }
+
+    pub async fn get_operation(&self, id: &str) -> Result<Operation> {
+        Ok(self.store.get_operation(id).await?)
+    }
+
+    pub async fn list_operations(&self, instance: &str) -> Result<Vec<Operation>> {
+        let inst = self.instance_named(instance).await?;
+        Ok(self.store.list_operations(&inst.id).await?)
+    }
+
+    pub async fn instance_name(&self, instance_id: &str) -> Result<String> {
+        Ok(self.store.get_instance(instance_id).await?.name)
+    }
+
+    pub async fn instance_id(&self, name: &str) -> Result<String> {
+        Ok(self.instance_named(name).await?.id)
+    }
+
+    // ---- drift ----------------------------------------------------------------------------
+
+    /// Reads every resource through its provider and compares it with state.
+    pub async fn check_drift(&self, instance: &str) -> Result<DriftReport> {
+        let state = self.get_instance(instance).await?;
+        let mut report = DriftReport {
+            instance: instance.to_owned(),
+            resources: Vec::new(),
+            errors: Vec::new(),
+        };
+        let instance_id = state.instance.id.as_str();
+        let reads = state.resources.iter().map(|r| async move {
+            let observed = match r.status {
+                ResourceStatus::CreateRequested
+                | ResourceStatus::UpdateRequested
+                | ResourceStatus::DestroyRequested => None,
+                _ => Some(
+                    self.provisioner
+                        .read(&exec::target_of(instance_id, r))
+                        .await,
+                ),
+            };
+            (r, observed)
+        });
+        let results = futures_util::future::join_all(reads).await;
+        for (r, observed) in results {
+            match observed {
+                None => report.resources.push(ResourceDrift {
+                    name: r.name.clone(),
+                    resource_type: r.resource_type.clone(),
+                    kind: DriftKind::Unresolved,
+                    fields: vec![],
+                    detail: format!(
+                        "a provider call was in flight when the engine stopped ({}); reconcile to settle it",
+                        r.status
+                    ),
+                }),
+                Some(Err(f)) => report.errors.push(format!("{}: {}", r.name, f.message)),
+                Some(Ok(Observed::Missing)) => {
+                    if matches!(r.status, ResourceStatus::CreateFailed) {
+                        continue;
+                    }
+                    report.resources.push(ResourceDrift {
+                        name: r.name.clone(),
+                        resource_type: r.resource_type.clone(),
+                        kind: DriftKind::Missing,
+                        fields: vec![],
+                        detail: "the resource no longer exists".into(),
+                    })
+                }
+                Some(Ok(Observed::Exists { spec, .. })) => {
+                    let fields = drift_fields(&r.spec, &spec);
+                    if !fields.is_empty() {
+                        report.resources.push(ResourceDrift {
+                            name: r.name.clone(),
+                            resource_type: r.resource_type.clone(),
+                            kind: DriftKind::Changed,
+                            fields,
+                            detail: String::new(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    // ---- start and stop ---------------------------------------------------------------------
+
+    /// At start: operations a previous run of this engine left pending or running are marked
+    /// interrupted (so are operations whose lease expired), and so are their instances.
+    pub async fn recover(&self) -> Result<Vec<Operation>> {
+        let mut ops = self
+            .store
+            .mark_interrupted(InterruptScope::Owner(self.config.owner.clone()))
+            .await?;
+        ops.extend(self.store.mark_interrupted(InterruptScope::Expired).await?);
+        self.mark_instances_interrupted(&ops).await;
+        Ok(ops)
+    }
+
+    async fn mark_instances_interrupted(&self, ops: &[Operation]) {
+        let mut seen = std::collections::HashSet::new();
+        for op in ops {
+            if !seen.insert(op.instance_id.clone()) {
+                continue;
+            }
+            let result = async {
+                let lease = self.lease(&op.instance_id).await?;
+                let r = self
+                    .store
+                    .commit(
+                        &lease,
+                        vec![Change::InstanceStatus(InstanceStatus::Interrupted)],
+                        vec![NewEvent::new(
+                            "instance.interrupted",
+                            json!({ "operation": op.id,
+                                    "hint": "check drift and reconcile (trellis drift / trellis reconcile)" }),
+                        )],
+                    )
+                    .await;
+                let _ = self.store.release_lease(&lease).await;
+                r.map_err(EngineError::from)
+            }
+            .await;
+            match result {
+                Ok(_) => {
+                    tracing::warn!(operation = %op.id, instance = %op.instance_id, "operation interrupted; instance marked interrupted")
+                }
+                Err(e) => {
+                    tracing::error!(operation = %op.id, error = %e, "could not mark the instance interrupted")
+                }
+            }
+        }
+    }
+
+    /// Graceful stop: refuse new mutations, ask running operations to stop at a safe point,
+    /// wait up to `timeout`, then mark what is left interrupted.
+    pub async fn drain(&self, timeout: Duration) {
+        self.draining.store(true, Ordering::SeqCst);
+        for r in self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            r.stop.cancel();
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.finished.notified();
+            if self
+                .running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!("drain timeout reached with operations still running");
+                break;
+            }
+        }
+        match self
+            .store
+            .mark_interrupted(InterruptScope::Owner(self.config.owner.clone()))
+            .await
+        {
+            Ok(ops) => self.mark_instances_interrupted(&ops).await,
+            Err(e) => tracing::error!(error = %e, "could not mark operations interrupted"),
+        }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
+
+async fn current_version(store: &Arc<dyn StateStore>, instance_id: &str) -> Result<u64> {
+    Ok(store.get_instance(instance_id).await?.version)
+}
+
+fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
+    let plan = cs
+        .body
+        .get("plan")
+        .and_then(Plan::from_json)
+        .unwrap_or_default();
+    let diagnostics = cs
+        .body
+        .get("diagnostics")
+        .and_then(Json::as_array)
+        .cloned()
+        .unwrap_or_default();
+    ChangeSetView {
+        change_set: cs,
+        instance_name,
+        plan,
+        diagnostics,
+    }
+}
+
+/// Differences between a recorded spec and one a provider reports (secrets masked).
+fn drift_fields(recorded: &Json, observed: &Json) -> Vec<diff::FieldChange> {
+    let plain = state_values::unwrap(recorded);
+    let new = crate::eval::value::Value::from_json(observed);
+    let masked = state_values::mask_like(observed, recorded);
+    diff::diff_spec(
+        Some(&plain),
+        &new,
+        masked.as_ref(),
+        &diff::RecreatePaths::default(),
+    )
+}
+
+/// How an operation's body ended.
+pub struct Finish {
+    pub error: Option<String>,
+    pub instance_status: Option<InstanceStatus>,
+    /// Written with the end of the operation (exports).
+    pub changes: Vec<Change>,
+}
+
+impl Finish {
+    fn failed(error: String) -> Finish {
+        Finish {
+            error: Some(error),
+            instance_status: None,
+            changes: vec![],
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriftKind {
+    Changed,
+    Missing,
+    Unresolved,
+}
+
+#[derive(Clone, Debug)]
+pub struct ResourceDrift {
+    pub name: String,
+    pub resource_type: String,
+    pub kind: DriftKind,
+    pub fields: Vec<diff::FieldChange>,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct DriftReport {
+    pub instance: String,
+    pub resources: Vec<ResourceDrift>,
+    pub errors: Vec<String>,
+}
+
+impl DriftReport {
+    pub fn drifted(&self) -> bool {
+        !self.resources.is_empty()
+    }
+}

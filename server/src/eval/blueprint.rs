@@ -22,6 +22,8 @@ pub struct Expanded {
     /// The resource template's name in the blueprint.
     pub template: String,
     pub index: Option<usize>,
+    /// The `each` element it was expanded from.
+    pub element: Option<Value>,
     pub ty: String,
     /// `None` without a condition; otherwise `Bool` or `Unknown`.
     pub condition: Option<Value>,
@@ -225,6 +227,87 @@ pub fn evaluate(
     ev
 }
 
+/// Evaluates resource `idx` of `ev.resources` again, against the scope as it is now: the
+/// executor calls this just before applying a resource, after recording the fresh state of what
+/// it depends on in `ev.instances[..].state`. Values that were unknown (because they read state
+/// that did not exist yet) are evaluated again first. Returns whether the resource is included.
+pub fn reevaluate(
+    bp: &Blueprint,
+    graph: &Graph,
+    ev: &mut Evaluation,
+    idx: usize,
+    env: &Env<'_>,
+    external: Option<&dyn ExternalFunctions>,
+    diags: &mut Diagnostics,
+) -> bool {
+    refresh_values(bp, graph, ev, env, external, diags);
+    let x = &ev.resources[idx];
+    let Some(r) = bp.resources.iter().find(|r| r.name.value == x.template) else {
+        return false;
+    };
+    let element = x.element.clone().zip(x.index);
+    let (fresh, value) = instance(
+        r,
+        &x.name,
+        element.as_ref().map(|(v, i)| (v, *i)),
+        ev,
+        env,
+        external,
+        diags,
+    );
+    let slot = ev.resources[idx].instance;
+    let state = ev.instances[slot].state.take();
+    ev.instances[slot] = ResourceValue { state, ..value };
+    ev.resources[idx].condition = fresh.condition;
+    ev.resources[idx].included()
+}
+
+/// Evaluates again, in dependency order, the values that are still (partly) unknown.
+fn refresh_values(
+    bp: &Blueprint,
+    graph: &Graph,
+    ev: &mut Evaluation,
+    env: &Env<'_>,
+    external: Option<&dyn ExternalFunctions>,
+    diags: &mut Diagnostics,
+) {
+    if !ev.values.values().any(Value::deep_contains_unknown) {
+        return;
+    }
+    for node in graph.dependency_order() {
+        let NodeRef::Value(i) = node else { continue };
+        let def = &bp.values[i];
+        let name = &def.name.value;
+        if !ev
+            .values
+            .get(name)
+            .is_some_and(Value::deep_contains_unknown)
+        {
+            continue;
+        }
+        let Some(t) = &def.value else { continue };
+        let declared = def.ty.as_ref().map_or("string", |t| t.value.as_str());
+        let scope = ev.scope_with(env, None, external);
+        let result = scope.guard(scope.whole(t)).map(|v| convert(v, declared));
+        let value = match result {
+            Ok(Ok(v)) => v,
+            Ok(Err(msg)) => {
+                diags.push(Diagnostic::new(
+                    &codes::VALUE_TYPE_MISMATCH,
+                    t.span,
+                    format!("value `{name}`: {msg}"),
+                ));
+                Value::Unknown
+            }
+            Err(e) => {
+                diags.push(e.into_diagnostic());
+                Value::Unknown
+            }
+        };
+        ev.values.insert(name.clone(), value);
+    }
+}
+
 /// Converts a value's result to its declared type: "integers, floats and
 /// booleans are parsed from the string value".
 fn convert(v: Value, declared: &str) -> Result<Value, String> {
@@ -378,6 +461,7 @@ fn instance(
         name: name.to_owned(),
         template: r.name.value.clone(),
         index: element.map(|(_, i)| i),
+        element: element.map(|(v, _)| v.clone()),
         ty: r.ty.as_ref().map(|t| t.value.clone()).unwrap_or_default(),
         condition,
         instance: 0,

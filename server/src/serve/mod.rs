@@ -1,5 +1,172 @@
-//! `trellis serve`: the engine daemon.
+//! `trellis serve`: the engine daemon. Opens the state store in the data directory (one engine
+//! per directory), recovers operations a previous run left unfinished, serves the engine API
+//! with gRPC health and reflection, and on SIGTERM/SIGINT drains: no new mutations, running
+//! operations stop at a safe point within the drain timeout (or are marked interrupted), plugins
+//! are stopped, exit 0.
 
+pub mod api;
 pub mod config;
 
+use std::process::ExitCode;
+use std::sync::Arc;
+
 pub use config::ServeArgs;
+use config::{Bound, ServeConfig};
+
+use crate::engine::provision::PluginProvisioner;
+use crate::engine::{Engine, EngineConfig};
+use crate::plugins::{HostConfig, PluginHost};
+use crate::state::{RetentionPolicy, SqliteStore, StateStore};
+
+/// The gRPC service name health reports on.
+pub const SERVICE_NAME: &str = "trellis.engine.v1.Engine";
+
+pub fn run(args: ServeArgs) -> ExitCode {
+    let config = match args.resolve() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = config::init_logging(&config) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("trellis")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(config: ServeConfig) -> Result<(), String> {
+    let data_dir = config.data_dir.clone();
+    let store = tokio::task::spawn_blocking(move || SqliteStore::open(&data_dir))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("state store: {e}"))?;
+    let store: Arc<dyn StateStore> = Arc::new(store);
+
+    let mut host_config = HostConfig::with_data_dir(&config.data_dir);
+    host_config.plugin_dirs = config.plugin_dirs.clone();
+    host_config.search_exe_dir = config.bundled_plugins;
+    let host = Arc::new(PluginHost::new(host_config));
+
+    let cwd = std::env::current_dir().map_err(|e| format!("working directory: {e}"))?;
+    let engine = Engine::new(
+        store.clone(),
+        host.clone(),
+        Arc::new(PluginProvisioner { host: host.clone() }),
+        EngineConfig {
+            owner: format!("trellis@{}", config.data_dir.display()),
+            max_parallel: config.max_parallel,
+            lease_ttl: config.lease_ttl,
+            max_input_size: config.max_input_size,
+            allowed_roots: config.allowed_roots.clone(),
+            cwd,
+        },
+        tokio::runtime::Handle::current(),
+    );
+    let interrupted = engine.recover().await.map_err(|e| e.to_string())?;
+    for op in &interrupted {
+        tracing::warn!(operation = %op.id, instance = %op.instance_id, "operation from a previous run marked interrupted");
+    }
+    let _retention = crate::state::spawn_retention(
+        store.clone(),
+        RetentionPolicy {
+            events_older_than: config.event_retention,
+            change_sets_older_than: config.event_retention,
+            ..RetentionPolicy::default()
+        },
+        std::time::Duration::from_secs(3600),
+    );
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<trellis_proto::engine::v1::engine_server::EngineServer<api::EngineApi>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| format!("reflection: {e}"))?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let engine_service = trellis_proto::engine::v1::engine_server::EngineServer::new(
+        api::EngineApi::new(engine.clone(), shutdown.clone()),
+    )
+    .max_decoding_message_size(config.max_input_size.saturating_add(1 << 20));
+
+    let bound = config::bind(&config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    // Tests and scripts read this line to learn the address (port 0 picks a free one).
+    println!("trellis engine listening on {}", bound.display());
+    tracing::info!(address = %bound.display(), data_dir = %config.data_dir.display(), "engine started");
+
+    let signal_engine = engine.clone();
+    let signal_shutdown = shutdown.clone();
+    let drain_timeout = config.drain_timeout;
+    let health = health_reporter.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!(timeout = ?drain_timeout, "shutdown requested: draining");
+        health
+            .set_not_serving::<trellis_proto::engine::v1::engine_server::EngineServer<api::EngineApi>>()
+            .await;
+        signal_engine.drain(drain_timeout).await;
+        signal_shutdown.cancel();
+    });
+
+    let router = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(engine_service);
+    let stop = shutdown.clone();
+    let result = match bound {
+        Bound::Tcp(incoming, _) => {
+            router
+                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                .await
+        }
+        Bound::Unix(incoming, ref path) => {
+            let r = router
+                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                .await;
+            let _ = std::fs::remove_file(path);
+            r
+        }
+    };
+    host.shutdown().await;
+    tracing::info!("engine stopped");
+    result.map_err(|e| format!("server: {e}"))
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the engine can still be stopped by a kill; never exit early.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -58,6 +58,16 @@ impl Graph {
         }
     }
 
+    /// The graph of an empty blueprint.
+    pub fn empty() -> Graph {
+        Graph {
+            nodes: Vec::new(),
+            edges: Vec::new(),
+            each_targets: Vec::new(),
+            offsets: [0; 4],
+        }
+    }
+
     pub fn index(&self, r: NodeRef) -> usize {
         match r {
             NodeRef::Value(i) => self.offsets[0] + i,

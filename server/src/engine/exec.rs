@@ -1,0 +1,936 @@
+//! The executor: runs a plan over the dependency graph, as many independent resources at once
+//! as the parallelism limit allows, recording an intent before every provider call and the
+//! outcome after it, each with its event, in one state transaction.
+//!
+//! The scheduling loop runs on a blocking thread and owns the evaluation: when a resource's
+//! dependencies are done it evaluates the resource's spec again against their fresh state (this
+//! may call provider functions, which block), then hands the provider call to an async task.
+//! Tasks report back over a channel; the loop never waits on a provider itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::plan::{Action, Plan};
+use super::prepare::Prepared;
+use super::provision::{Applied, Failure, Provisioner, Target};
+use super::state_values;
+use crate::check::PluginContext;
+use crate::state::{
+    Change, Committed, InstanceState, Lease, NewEvent, Operation, Resource, StateError, StateStore,
+};
+
+/// What an operation runs with.
+pub struct RunContext {
+    pub store: Arc<dyn StateStore>,
+    pub provisioner: Arc<dyn Provisioner>,
+    pub lease: Arc<Mutex<Lease>>,
+    pub operation: Operation,
+    pub max_parallel: usize,
+    /// Stop starting new work (cancel, drain, lost lease); calls in flight finish.
+    pub stop: CancellationToken,
+    pub rt: Handle,
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub enum Outcome {
+    Succeeded,
+    /// The first failure, and whether the run was stopped rather than failed.
+    Failed {
+        error: String,
+        stopped: bool,
+    },
+}
+
+impl RunContext {
+    fn lease(&self) -> Lease {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Commits changes with events tagged with this operation.
+    pub async fn commit(
+        &self,
+        changes: Vec<Change>,
+        events: Vec<NewEvent>,
+    ) -> Result<Committed, StateError> {
+        let events = events
+            .into_iter()
+            .map(|mut e| {
+                if let Json::Object(o) = &mut e.payload {
+                    o.insert("operation".into(), Json::String(self.operation.id.clone()));
+                }
+                e
+            })
+            .collect();
+        self.store.commit(&self.lease(), changes, events).await
+    }
+
+    pub fn commit_blocking(
+        &self,
+        changes: Vec<Change>,
+        events: Vec<NewEvent>,
+    ) -> Result<Committed, StateError> {
+        self.rt.block_on(self.commit(changes, events))
+    }
+
+    fn key(&self, name: &str, what: &str) -> String {
+        format!("{}:{name}:{what}", self.operation.id)
+    }
+}
+
+fn target(instance_id: &str, r: &Resource) -> Target {
+    Target {
+        instance_id: instance_id.to_owned(),
+        name: r.name.clone(),
+        resource_type: r.resource_type.clone(),
+        external_id: r.external_id.clone(),
+        current_spec: Some(r.spec.clone()),
+        current_state: r.state.clone(),
+    }
+}
+
+fn new_target(instance_id: &str, name: &str, ty: &str) -> Target {
+    Target {
+        instance_id: instance_id.to_owned(),
+        name: name.to_owned(),
+        resource_type: ty.to_owned(),
+        external_id: None,
+        current_spec: None,
+        current_state: None,
+    }
+}
+
+/// One unit of work for a provider, run on an async task.
+enum Job {
+    Create {
+        name: String,
+        ty: String,
+        spec: Json,
+        depends_on: Vec<String>,
+        metadata: Json,
+    },
+    Update {
+        current: Resource,
+        spec: Json,
+        depends_on: Vec<String>,
+        metadata: Json,
+    },
+    Recreate {
+        current: Resource,
+        ty: String,
+        spec: Json,
+        depends_on: Vec<String>,
+        metadata: Json,
+    },
+    Delete {
+        current: Resource,
+    },
+}
+
+/// What a finished job did, for rollback and for dependents.
+#[derive(Clone, Debug)]
+pub enum Done {
+    Created { name: String, state: Json },
+    Updated { before: Resource, state: Json },
+    Recreated { before: Resource, state: Json },
+    Deleted { before: Resource },
+}
+
+type JobResult = (usize, Result<Done, String>);
+
+async fn run_job(ctx: Arc<RunContext>, job: Job) -> Result<Done, String> {
+    let inst = ctx.operation.instance_id.clone();
+    let fail = |e: StateError| format!("state store: {e}");
+    match job {
+        Job::Create {
+            name,
+            ty,
+            spec,
+            depends_on,
+            metadata,
+        } => {
+            let state = create(&ctx, &inst, &name, &ty, spec, depends_on, metadata).await?;
+            Ok(Done::Created { name, state })
+        }
+        Job::Update {
+            current,
+            spec,
+            depends_on,
+            metadata,
+        } => {
+            let name = current.name.clone();
+            ctx.commit(
+                vec![Change::IntendUpdate {
+                    name: name.clone(),
+                    spec: spec.clone(),
+                    depends_on,
+                    metadata,
+                }],
+                vec![NewEvent::new(
+                    "resource.update_requested",
+                    json!({ "resource": name, "type": current.resource_type }),
+                )],
+            )
+            .await
+            .map_err(fail)?;
+            let result = ctx
+                .provisioner
+                .apply(
+                    &target(&inst, &current),
+                    state_values::to_pb(&spec),
+                    &ctx.key(&name, "update"),
+                )
+                .await;
+            match result {
+                Ok(applied) => {
+                    ctx.commit(
+                        vec![Change::ResourceUpdated {
+                            name: name.clone(),
+                            external_id: Some(applied.external_id.clone()),
+                            state: applied.state.clone(),
+                        }],
+                        vec![NewEvent::new(
+                            "resource.updated",
+                            json!({ "resource": name, "type": current.resource_type }),
+                        )],
+                    )
+                    .await
+                    .map_err(fail)?;
+                    Ok(Done::Updated {
+                        before: current,
+                        state: applied.state,
+                    })
+                }
+                Err(f) => {
+                    record_failure(&ctx, &name, &current.resource_type, &f, Vec::new()).await?;
+                    Err(f.message)
+                }
+            }
+        }
+        Job::Recreate {
+            current,
+            ty,
+            spec,
+            depends_on,
+            metadata,
+        } => {
+            let name = current.name.clone();
+            destroy(&ctx, &inst, &current).await?;
+            let state = create(&ctx, &inst, &name, &ty, spec, depends_on, metadata).await?;
+            Ok(Done::Recreated {
+                before: current,
+                state,
+            })
+        }
+        Job::Delete { current } => {
+            destroy(&ctx, &inst, &current).await?;
+            Ok(Done::Deleted { before: current })
+        }
+    }
+}
+
+/// Intent, provider create, outcome.
+async fn create(
+    ctx: &RunContext,
+    inst: &str,
+    name: &str,
+    ty: &str,
+    spec: Json,
+    depends_on: Vec<String>,
+    metadata: Json,
+) -> Result<Json, String> {
+    let fail = |e: StateError| format!("state store: {e}");
+    let intended = (spec.clone(), depends_on.clone(), metadata.clone());
+    // The intent is durable before the provider hears of the resource: a crash after this
+    // point leaves a record to reconcile, never an orphan.
+    ctx.commit(
+        vec![Change::IntendCreate {
+            name: name.to_owned(),
+            resource_type: ty.to_owned(),
+            spec: spec.clone(),
+            depends_on,
+            metadata,
+        }],
+        vec![NewEvent::new(
+            "resource.create_requested",
+            json!({ "resource": name, "type": ty }),
+        )],
+    )
+    .await
+    .map_err(fail)?;
+    let result = ctx
+        .provisioner
+        .apply(
+            &new_target(inst, name, ty),
+            state_values::to_pb(&spec),
+            &ctx.key(name, "create"),
+        )
+        .await;
+    match result {
+        Ok(applied) => {
+            ctx.commit(
+                vec![Change::ResourceCreated {
+                    name: name.to_owned(),
+                    external_id: applied.external_id,
+                    state: applied.state.clone(),
+                }],
+                vec![NewEvent::new(
+                    "resource.created",
+                    json!({ "resource": name, "type": ty }),
+                )],
+            )
+            .await
+            .map_err(fail)?;
+            Ok(applied.state)
+        }
+        Err(f) => {
+            // Something the provider created before failing is kept (as created, then failed
+            // to reach its spec), so it is not orphaned and the next plan updates it.
+            let partial = f.partial.as_ref().map(|Applied { external_id, state }| {
+                vec![
+                    Change::ResourceCreated {
+                        name: name.to_owned(),
+                        external_id: external_id.clone(),
+                        state: state.clone(),
+                    },
+                    Change::IntendUpdate {
+                        name: name.to_owned(),
+                        spec: intended.0,
+                        depends_on: intended.1,
+                        metadata: intended.2,
+                    },
+                ]
+            });
+            record_failure(ctx, name, ty, &f, partial.unwrap_or_default()).await?;
+            Err(f.message)
+        }
+    }
+}
+
+/// Records a failed create or update (after `before`, changes that record what exists).
+async fn record_failure(
+    ctx: &RunContext,
+    name: &str,
+    ty: &str,
+    f: &Failure,
+    before: Vec<Change>,
+) -> Result<(), String> {
+    let mut changes = before;
+    changes.push(Change::ResourceFailed {
+        name: name.to_owned(),
+        reason: f.message.clone(),
+    });
+    ctx.commit(
+        changes,
+        vec![NewEvent::new(
+            "resource.failed",
+            json!({ "resource": name, "type": ty, "reason": f.message }),
+        )],
+    )
+    .await
+    .map_err(|e| format!("state store: {e}"))?;
+    Ok(())
+}
+
+/// Intent, provider destroy, removal.
+async fn destroy(ctx: &RunContext, inst: &str, current: &Resource) -> Result<(), String> {
+    let fail = |e: StateError| format!("state store: {e}");
+    let name = &current.name;
+    ctx.commit(
+        vec![Change::IntendDestroy { name: name.clone() }],
+        vec![NewEvent::new(
+            "resource.destroy_requested",
+            json!({ "resource": name, "type": current.resource_type }),
+        )],
+    )
+    .await
+    .map_err(fail)?;
+    match ctx
+        .provisioner
+        .destroy(&target(inst, current), &ctx.key(name, "destroy"))
+        .await
+    {
+        Ok(()) => {
+            ctx.commit(
+                vec![Change::ResourceRemoved { name: name.clone() }],
+                vec![NewEvent::new(
+                    "resource.destroyed",
+                    json!({ "resource": name, "type": current.resource_type }),
+                )],
+            )
+            .await
+            .map_err(fail)?;
+            Ok(())
+        }
+        Err(f) => {
+            ctx.commit(
+                vec![Change::ResourceFailed {
+                    name: name.clone(),
+                    reason: f.message.clone(),
+                }],
+                vec![NewEvent::new(
+                    "resource.failed",
+                    json!({ "resource": name, "type": current.resource_type, "reason": f.message }),
+                )],
+            )
+            .await
+            .map_err(fail)?;
+            Err(f.message)
+        }
+    }
+}
+
+/// A node of the schedule: a job (built when the node becomes ready) and what it waits for.
+struct Node {
+    deps: Vec<usize>,
+    dependents: Vec<usize>,
+    waiting: usize,
+}
+
+/// Runs nodes in dependency order, up to `max_parallel` at once. `start(i)` is called on the
+/// loop thread when node `i` is ready: it returns the job to run, `Ok(None)` when there is
+/// nothing to do (the node is done at once), or an error that fails the node. `finish` sees
+/// every finished node. Stops starting work at the first failure or when `ctx.stop` fires.
+fn schedule(
+    ctx: &Arc<RunContext>,
+    nodes: &mut [Node],
+    mut start: impl FnMut(usize) -> Result<Option<Job>, String>,
+    mut finish: impl FnMut(usize, &Done),
+) -> Result<(), (String, bool)> {
+    for i in 0..nodes.len() {
+        let deps = nodes[i].deps.clone();
+        nodes[i].waiting = deps.len();
+        for d in deps {
+            nodes[d].dependents.push(i);
+        }
+    }
+    let mut ready: std::collections::VecDeque<usize> = (0..nodes.len())
+        .filter(|&i| nodes[i].waiting == 0)
+        .collect();
+    let (tx, mut rx) = mpsc::unbounded_channel::<JobResult>();
+    let mut in_flight = 0usize;
+    let mut failure: Option<(String, bool)> = None;
+    let mut done = 0usize;
+    let release = |nodes: &mut [Node], ready: &mut std::collections::VecDeque<usize>, i: usize| {
+        for k in 0..nodes[i].dependents.len() {
+            let d = nodes[i].dependents[k];
+            nodes[d].waiting -= 1;
+            if nodes[d].waiting == 0 {
+                ready.push_back(d);
+            }
+        }
+    };
+    loop {
+        while failure.is_none() && in_flight < ctx.max_parallel {
+            if ctx.stop.is_cancelled() {
+                failure = Some(("the operation was stopped before it finished".into(), true));
+                break;
+            }
+            let Some(i) = ready.pop_front() else { break };
+            match start(i) {
+                Ok(Some(job)) => {
+                    let tx = tx.clone();
+                    let ctx2 = ctx.clone();
+                    in_flight += 1;
+                    ctx.rt.spawn(async move {
+                        let r = run_job(ctx2, job).await;
+                        let _ = tx.send((i, r));
+                    });
+                }
+                Ok(None) => {
+                    done += 1;
+                    release(nodes, &mut ready, i);
+                }
+                Err(e) => failure = Some((e, false)),
+            }
+        }
+        if in_flight == 0 {
+            break;
+        }
+        let Some((i, result)) = rx.blocking_recv() else {
+            break;
+        };
+        in_flight -= 1;
+        match result {
+            Ok(d) => {
+                done += 1;
+                finish(i, &d);
+                release(nodes, &mut ready, i);
+            }
+            Err(e) => {
+                if failure.is_none() {
+                    failure = Some((e, false));
+                }
+            }
+        }
+    }
+    match failure {
+        Some(f) => Err(f),
+        None if done < nodes.len() => Err(("a dependency cycle blocked the plan".into(), false)),
+        None => Ok(()),
+    }
+}
+
+/// Deploys `plan`. `prepared` is the evaluated blueprint the plan came from; `before` the
+/// instance as it was when the operation started. Returns the outcome and what was done (in
+/// completion order) for rollback.
+pub fn deploy(
+    ctx: &Arc<RunContext>,
+    prepared: &mut Prepared,
+    plan: &Plan,
+    before: &InstanceState,
+    plugins: &PluginContext<'_>,
+) -> (Outcome, Vec<Done>) {
+    let recorded: HashMap<&str, &Resource> = before
+        .resources
+        .iter()
+        .map(|r| (r.name.as_str(), r))
+        .collect();
+    let mut completed: Vec<Done> = Vec::new();
+    // Phase 1: everything that stays, dependencies first.
+    let applies: Vec<&super::plan::PlannedResource> = plan
+        .resources
+        .iter()
+        .filter(|r| r.action != Action::Delete)
+        .collect();
+    let index: HashMap<&str, usize> = applies
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name.as_str(), i))
+        .collect();
+    let mut nodes: Vec<Node> = applies
+        .iter()
+        .map(|r| Node {
+            deps: r
+                .depends_on
+                .iter()
+                .filter_map(|d| index.get(d.as_str()).copied())
+                .collect(),
+            dependents: Vec::new(),
+            waiting: 0,
+        })
+        .collect();
+    // Fresh state of finished resources, for the evaluation of their dependents.
+    let fresh: Arc<Mutex<HashMap<String, Json>>> = Arc::new(Mutex::new(
+        before
+            .resources
+            .iter()
+            .filter_map(|r| r.state.clone().map(|s| (r.name.clone(), s)))
+            .collect(),
+    ));
+    let inst = ctx.operation.instance_id.clone();
+    let fresh_start = fresh.clone();
+    let start = |i: usize| -> Result<Option<Job>, String> {
+        let p = applies[i];
+        if p.action == Action::NoChange {
+            return Ok(None);
+        }
+        let Some(idx) = prepared.find(&p.name) else {
+            return Err(format!(
+                "resource `{}` is no longer in the blueprint",
+                p.name
+            ));
+        };
+        // Dependencies' state as it is now, just before this resource is applied.
+        {
+            let fresh = fresh_start.lock().unwrap_or_else(|e| e.into_inner());
+            for dep in &p.depends_on {
+                if let (Some(state), Some(d)) = (fresh.get(dep), prepared.find(dep)) {
+                    let slot = prepared.evaluation.resources[d].instance;
+                    prepared.evaluation.instances[slot].state = Some(state_values::to_eval(state));
+                }
+            }
+        }
+        let found = prepared.reevaluate(idx, plugins);
+        if found.iter().any(|d| d.is_error()) {
+            return Err(format!(
+                "resource `{}` could not be evaluated:\n{}",
+                p.name,
+                prepared.render(&found)
+            ));
+        }
+        let x = &prepared.evaluation.resources[idx];
+        let spec_value = prepared.evaluation.spec(x);
+        if spec_value.deep_contains_unknown() {
+            return Err(format!(
+                "resource `{}`: its spec still holds values known only after deploy once its \
+                 dependencies are deployed",
+                p.name
+            ));
+        }
+        let masked = prepared.evaluation.instances[x.instance]
+            .masked_spec
+            .as_ref();
+        let spec = state_values::eval_to_stored(spec_value, masked);
+        let metadata = state_values::eval_to_json(prepared.evaluation.metadata(x));
+        let depends_on = p.depends_on.clone();
+        Ok(Some(match (p.action, recorded.get(p.name.as_str())) {
+            (Action::Update, Some(current)) => Job::Update {
+                current: (*current).clone(),
+                spec,
+                depends_on,
+                metadata,
+            },
+            (Action::Recreate, Some(current)) => Job::Recreate {
+                current: (*current).clone(),
+                ty: p.resource_type.clone(),
+                spec,
+                depends_on,
+                metadata,
+            },
+            _ => Job::Create {
+                name: p.name.clone(),
+                ty: p.resource_type.clone(),
+                spec,
+                depends_on,
+                metadata,
+            },
+        }))
+    };
+    let fresh_finish = fresh.clone();
+    let finish = |_: usize, d: &Done| {
+        let mut fresh = fresh_finish.lock().unwrap_or_else(|e| e.into_inner());
+        match d {
+            Done::Created { name, state } => {
+                fresh.insert(name.clone(), state.clone());
+            }
+            Done::Updated { before, state } | Done::Recreated { before, state } => {
+                fresh.insert(before.name.clone(), state.clone());
+            }
+            Done::Deleted { .. } => {}
+        }
+        completed.push(d.clone());
+    };
+    let _ = &inst;
+    if let Err((error, stopped)) = schedule(ctx, &mut nodes, start, finish) {
+        return (Outcome::Failed { error, stopped }, completed);
+    }
+    // Phase 2: what the blueprint dropped, dependents first.
+    let deletes: Vec<&Resource> = plan
+        .resources
+        .iter()
+        .filter(|r| r.action == Action::Delete)
+        .filter_map(|r| recorded.get(r.name.as_str()).copied())
+        .collect();
+    let (outcome, mut removed) = destroy_all(ctx, &deletes);
+    completed.append(&mut removed);
+    (outcome, completed)
+}
+
+/// Destroys `resources` (in parallel where no dependency orders them), each after everything
+/// that depends on it.
+pub fn destroy_all(ctx: &Arc<RunContext>, resources: &[&Resource]) -> (Outcome, Vec<Done>) {
+    let index: HashMap<&str, usize> = resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name.as_str(), i))
+        .collect();
+    // A resource waits for the destruction of every resource that depends on it.
+    let mut nodes: Vec<Node> = resources
+        .iter()
+        .map(|_| Node {
+            deps: Vec::new(),
+            dependents: Vec::new(),
+            waiting: 0,
+        })
+        .collect();
+    for (i, r) in resources.iter().enumerate() {
+        for d in &r.depends_on {
+            if let Some(&j) = index.get(d.as_str()) {
+                nodes[j].deps.push(i);
+            }
+        }
+    }
+    let mut completed = Vec::new();
+    let start = |i: usize| -> Result<Option<Job>, String> {
+        Ok(Some(Job::Delete {
+            current: resources[i].clone(),
+        }))
+    };
+    let finish = |_: usize, d: &Done| completed.push(d.clone());
+    match schedule(ctx, &mut nodes, start, finish) {
+        Ok(()) => (Outcome::Succeeded, completed),
+        Err((error, stopped)) => (Outcome::Failed { error, stopped }, completed),
+    }
+}
+
+/// Undoes `done` in reverse: deletes what was created, re-applies the previous spec of what
+/// was updated or recreated, creates again what was deleted. Returns the first error.
+pub fn rollback(ctx: &Arc<RunContext>, done: &[Done]) -> Result<(), String> {
+    let inst = ctx.operation.instance_id.clone();
+    let mut first_error = None;
+    for d in done.iter().rev() {
+        let result = ctx.rt.block_on(async {
+            match d {
+                Done::Created { name, .. } => {
+                    let state = ctx
+                        .store
+                        .load_state(&inst)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    match state.resource(name) {
+                        Some(r) => destroy(ctx, &inst, r).await,
+                        None => Ok(()),
+                    }
+                }
+                Done::Updated { before, .. } => {
+                    let state = ctx
+                        .store
+                        .load_state(&inst)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let Some(now) = state.resource(&before.name) else {
+                        return Ok(());
+                    };
+                    let job = Job::Update {
+                        current: now.clone(),
+                        spec: before.spec.clone(),
+                        depends_on: before.depends_on.clone(),
+                        metadata: before.metadata.clone(),
+                    };
+                    run_job(ctx.clone(), job).await.map(drop)
+                }
+                Done::Recreated { before, .. } => {
+                    let state = ctx
+                        .store
+                        .load_state(&inst)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if let Some(now) = state.resource(&before.name) {
+                        destroy(ctx, &inst, now).await?;
+                    }
+                    create(
+                        ctx,
+                        &inst,
+                        &before.name,
+                        &before.resource_type,
+                        before.spec.clone(),
+                        before.depends_on.clone(),
+                        before.metadata.clone(),
+                    )
+                    .await
+                    .map(drop)
+                }
+                Done::Deleted { before } => create(
+                    ctx,
+                    &inst,
+                    &before.name,
+                    &before.resource_type,
+                    before.spec.clone(),
+                    before.depends_on.clone(),
+                    before.metadata.clone(),
+                )
+                .await
+                .map(drop),
+            }
+        });
+        if let Err(e) = result
+            && first_error.is_none()
+        {
+            first_error = Some(e);
+        }
+    }
+    match first_error {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
+}
+
+/// Renews the lease every third of its time to live until `stop` fires; stops the run when the
+/// lease is lost (another engine took the instance over), since its writes would be fenced.
+pub fn spawn_heartbeat(
+    store: Arc<dyn StateStore>,
+    lease: Arc<Mutex<Lease>>,
+    ttl: Duration,
+    done: CancellationToken,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        let period = ttl / 3;
+        loop {
+            tokio::select! {
+                _ = done.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            let current = lease.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match store.heartbeat(&current, ttl).await {
+                Ok(renewed) => *lease.lock().unwrap_or_else(|e| e.into_inner()) = renewed,
+                Err(StateError::Fenced { .. }) => {
+                    tracing::error!(instance = %current.instance_id, "lease lost; stopping the operation");
+                    stop.cancel();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(instance = %current.instance_id, error = %e, "lease heartbeat failed")
+                }
+            }
+        }
+    });
+}
+
+/// The provider's view of a recorded resource.
+pub fn target_of(instance_id: &str, r: &Resource) -> Target {
+    target(instance_id, r)
+}
+
+/// Settles one resource: a provider call left unfinished (after a crash) is made again with
+/// the recorded spec; a drifted or missing resource is accepted as found (`accept`) or put back
+/// to its recorded spec.
+pub async fn reconcile_one(
+    ctx: &Arc<RunContext>,
+    r: &Resource,
+    accept: bool,
+) -> Result<(), String> {
+    use crate::state::ResourceStatus as S;
+    let inst = ctx.operation.instance_id.clone();
+    let fail = |e: StateError| format!("state store: {e}");
+    let recreate = |ctx: &Arc<RunContext>| {
+        let inst = inst.clone();
+        let r = r.clone();
+        let ctx = ctx.clone();
+        async move {
+            create(
+                &ctx,
+                &inst,
+                &r.name,
+                &r.resource_type,
+                r.spec.clone(),
+                r.depends_on.clone(),
+                r.metadata.clone(),
+            )
+            .await
+            .map(drop)
+        }
+    };
+    match r.status {
+        // The create may or may not have happened: the provider's idempotent apply settles it.
+        S::CreateRequested | S::CreateFailed => {
+            if accept && r.status == S::CreateFailed {
+                ctx.commit(
+                    vec![Change::ResourceRemoved {
+                        name: r.name.clone(),
+                    }],
+                    vec![NewEvent::new(
+                        "resource.forgotten",
+                        json!({ "resource": r.name, "reason": "its create failed" }),
+                    )],
+                )
+                .await
+                .map_err(fail)?;
+                return Ok(());
+            }
+            recreate(ctx).await
+        }
+        S::DestroyRequested | S::DestroyFailed => destroy(ctx, &inst, r).await,
+        S::UpdateRequested | S::UpdateFailed | S::Created | S::Updated => {
+            let observed = ctx
+                .provisioner
+                .read(&target(&inst, r))
+                .await
+                .map_err(|f| f.message)?;
+            match observed {
+                super::provision::Observed::Missing if accept => ctx
+                    .commit(
+                        vec![
+                            Change::IntendDestroy {
+                                name: r.name.clone(),
+                            },
+                            Change::ResourceRemoved {
+                                name: r.name.clone(),
+                            },
+                        ],
+                        vec![NewEvent::new(
+                            "resource.forgotten",
+                            json!({ "resource": r.name, "reason": "it no longer exists" }),
+                        )],
+                    )
+                    .await
+                    .map(drop)
+                    .map_err(fail),
+                super::provision::Observed::Missing => {
+                    ctx.commit(
+                        vec![
+                            Change::IntendDestroy {
+                                name: r.name.clone(),
+                            },
+                            Change::ResourceRemoved {
+                                name: r.name.clone(),
+                            },
+                        ],
+                        vec![],
+                    )
+                    .await
+                    .map_err(fail)?;
+                    recreate(ctx).await
+                }
+                super::provision::Observed::Exists { spec, state } => {
+                    let drifted = !super::diff::unchanged(
+                        &super::state_values::unwrap(&r.spec),
+                        &crate::eval::value::Value::from_json(&spec),
+                    );
+                    let unsettled = matches!(r.status, S::UpdateRequested | S::UpdateFailed);
+                    if !drifted && !unsettled {
+                        return Ok(());
+                    }
+                    if accept {
+                        // Keep the secret marks of the recorded spec where values are unchanged.
+                        let spec = if drifted { spec } else { r.spec.clone() };
+                        let mut changes = Vec::new();
+                        if r.status == S::UpdateRequested {
+                            changes.push(Change::ResourceFailed {
+                                name: r.name.clone(),
+                                reason: "settled by reconcile".into(),
+                            });
+                        }
+                        changes.push(Change::IntendUpdate {
+                            name: r.name.clone(),
+                            spec,
+                            depends_on: r.depends_on.clone(),
+                            metadata: r.metadata.clone(),
+                        });
+                        changes.push(Change::ResourceUpdated {
+                            name: r.name.clone(),
+                            external_id: None,
+                            state,
+                        });
+                        ctx.commit(
+                            changes,
+                            vec![NewEvent::new(
+                                "resource.accepted",
+                                json!({ "resource": r.name, "type": r.resource_type }),
+                            )],
+                        )
+                        .await
+                        .map(drop)
+                        .map_err(fail)
+                    } else {
+                        let job = Job::Update {
+                            current: r.clone(),
+                            spec: r.spec.clone(),
+                            depends_on: r.depends_on.clone(),
+                            metadata: r.metadata.clone(),
+                        };
+                        if r.status == S::UpdateRequested {
+                            ctx.commit(
+                                vec![Change::ResourceFailed {
+                                    name: r.name.clone(),
+                                    reason: "re-applied by reconcile".into(),
+                                }],
+                                vec![],
+                            )
+                            .await
+                            .map_err(fail)?;
+                        }
+                        run_job(ctx.clone(), job).await.map(drop)
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! From request inputs to an evaluated blueprint: read the documents, validate them with the
+//! providers' manifests, evaluate variables, values and resources, and work out which resource
+//! waits for which. Runs on a blocking thread: plugin calls (validation, provider functions)
+//! block on the engine's runtime.
+
+use sha2::{Digest, Sha256};
+
+use crate::blueprint::Blueprint;
+use crate::check::{self, PluginContext};
+use crate::diag::{Diagnostic, Diagnostics, Severity};
+use crate::eval::blueprint::{Evaluation, evaluate, reevaluate};
+use crate::eval::functions::Env;
+use crate::eval::value::Value;
+use crate::source::SourceMap;
+use crate::validate::refs::{Graph, NodeRef};
+
+/// The exact inputs of a plan: the documents (the root blueprint first) and the variables as
+/// given. The change set keeps them, so executing it evaluates exactly what was planned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inputs {
+    pub files: Vec<(String, Vec<u8>)>,
+    pub variables: Vec<(String, String)>,
+    /// The clock the plan read (`now()`, `datetime`), reused at execution.
+    pub now_unix_nanos: i128,
+}
+
+impl Inputs {
+    /// sha256 over the documents and variables, each length-prefixed so no two different inputs
+    /// hash alike.
+    pub fn digest(&self) -> String {
+        let mut h = Sha256::new();
+        let mut put = |bytes: &[u8]| {
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        for (name, content) in &self.files {
+            put(name.as_bytes());
+            put(content);
+        }
+        put(b"--variables--");
+        for (k, v) in &self.variables {
+            put(k.as_bytes());
+            put(v.as_bytes());
+        }
+        let digest = h.finalize();
+        let mut out = String::with_capacity(7 + 64);
+        out.push_str("sha256:");
+        for b in digest {
+            out.push_str(&format!("{b:02x}"));
+        }
+        out
+    }
+
+    /// The form kept in a change set body. Variables are kept as given: a secret variable's
+    /// value is needed to execute the plan later (the state database must be protected like
+    /// the credentials it holds; docs/state.md).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "files": self.files.iter().map(|(name, content)| serde_json::json!({
+                "name": name,
+                "content": String::from_utf8_lossy(content),
+            })).collect::<Vec<_>>(),
+            "variables": self.variables.iter().map(|(k, v)| serde_json::json!([k, v])).collect::<Vec<_>>(),
+            "nowUnixNanos": self.now_unix_nanos.to_string(),
+        })
+    }
+
+    pub fn from_json(v: &serde_json::Value) -> Option<Inputs> {
+        let files = v
+            .get("files")?
+            .as_array()?
+            .iter()
+            .map(|f| {
+                Some((
+                    f.get("name")?.as_str()?.to_owned(),
+                    f.get("content")?.as_str()?.as_bytes().to_vec(),
+                ))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let variables = v
+            .get("variables")?
+            .as_array()?
+            .iter()
+            .map(|pair| {
+                Some((
+                    pair.get(0)?.as_str()?.to_owned(),
+                    pair.get(1)?.as_str()?.to_owned(),
+                ))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let now_unix_nanos = v.get("nowUnixNanos")?.as_str()?.parse().ok()?;
+        Some(Inputs {
+            files,
+            variables,
+            now_unix_nanos,
+        })
+    }
+}
+
+/// A validated, evaluated blueprint.
+pub struct Prepared {
+    pub sources: SourceMap,
+    pub blueprint: Blueprint,
+    pub graph: Graph,
+    pub evaluation: Evaluation,
+    pub diags: Diagnostics,
+    /// For each entry of `evaluation.resources`: the entries it waits for (references, also
+    /// through values, and `dependsOn`), in declaration order.
+    pub deps: Vec<Vec<usize>>,
+    /// `evaluation.resources` indexes in an order where dependencies come first.
+    pub order: Vec<usize>,
+    pub cwd: String,
+    pub now_unix_nanos: i128,
+}
+
+impl Prepared {
+    /// Diagnostics in the engine API's flat form.
+    pub fn diagnostics_json(&self) -> Vec<serde_json::Value> {
+        self.diags
+            .items
+            .iter()
+            .map(|d| crate::diag::render_json_value(d, &self.sources))
+            .collect()
+    }
+
+    /// The errors, rendered rustc-style (for a status message).
+    pub fn errors_text(&self) -> String {
+        self.diags
+            .items
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .map(|d| crate::diag::render_text(d, &self.sources))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The resource entry named `name`.
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.evaluation
+            .resources
+            .iter()
+            .position(|x| x.name == name)
+    }
+
+    /// Evaluates resource `idx` again against the states now recorded in the evaluation.
+    pub fn reevaluate(&mut self, idx: usize, plugins: &PluginContext<'_>) -> Vec<Diagnostic> {
+        let link = |_: &str, _: &str| Value::Unknown;
+        let env = Env {
+            cwd: &self.cwd,
+            now_unix_nanos: self.now_unix_nanos,
+            link: &link,
+        };
+        let mut diags = Diagnostics::default();
+        reevaluate(
+            &self.blueprint,
+            &self.graph,
+            &mut self.evaluation,
+            idx,
+            &env,
+            Some(plugins),
+            &mut diags,
+        );
+        diags.items
+    }
+
+    /// Renders diagnostics found after preparation (re-evaluation) as text.
+    pub fn render(&self, diags: &[Diagnostic]) -> String {
+        diags
+            .iter()
+            .map(|d| crate::diag::render_text(d, &self.sources))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Reads, validates and evaluates `inputs`. Errors are in `diags`; evaluation and the graph are
+/// meaningful only without them.
+pub fn prepare(
+    inputs: &Inputs,
+    max_input_size: usize,
+    plugins: &PluginContext<'_>,
+    cwd: &str,
+) -> Prepared {
+    let mut sources = SourceMap::new();
+    let mut diags = Diagnostics::default();
+    let (name, bytes) = inputs
+        .files
+        .first()
+        .cloned()
+        .unwrap_or_else(|| ("blueprint.yaml".to_owned(), Vec::new()));
+    let checked = check::check_source(
+        &mut sources,
+        &name,
+        bytes,
+        &inputs.variables,
+        max_input_size,
+        plugins,
+        &mut diags,
+    );
+    let mut prepared = Prepared {
+        sources,
+        blueprint: Blueprint::default(),
+        graph: Graph::empty(),
+        evaluation: Evaluation::default(),
+        diags,
+        deps: Vec::new(),
+        order: Vec::new(),
+        cwd: cwd.to_owned(),
+        now_unix_nanos: inputs.now_unix_nanos,
+    };
+    let Some(checked) = checked else {
+        return prepared;
+    };
+    prepared.blueprint = checked.blueprint;
+    prepared.graph = checked.graph;
+    if prepared.diags.has_errors() {
+        return prepared;
+    }
+    let link = |_: &str, _: &str| Value::Unknown;
+    let env = Env {
+        cwd,
+        now_unix_nanos: inputs.now_unix_nanos,
+        link: &link,
+    };
+    let mut diags = Diagnostics::default();
+    prepared.evaluation = evaluate(
+        &prepared.blueprint,
+        &prepared.graph,
+        &inputs.variables,
+        &env,
+        Some(plugins),
+        &mut diags,
+    );
+    diags.sort();
+    prepared.diags.extend(diags.items);
+    if !prepared.diags.has_errors() {
+        let (deps, order) =
+            resource_deps(&prepared.blueprint, &prepared.graph, &prepared.evaluation);
+        prepared.deps = deps;
+        prepared.order = order;
+    }
+    prepared
+}
+
+/// Which expanded resource waits for which. A reference to a resource template with `each`
+/// waits for every element of it; references through values count as the resources the values
+/// read.
+fn resource_deps(bp: &Blueprint, graph: &Graph, ev: &Evaluation) -> (Vec<Vec<usize>>, Vec<usize>) {
+    // Template index -> its expanded entries.
+    let mut elements: Vec<Vec<usize>> = vec![Vec::new(); bp.resources.len()];
+    let template_index: std::collections::HashMap<&str, usize> = bp
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name.value.as_str(), i))
+        .collect();
+    for (i, x) in ev.resources.iter().enumerate() {
+        if let Some(&t) = template_index.get(x.template.as_str()) {
+            elements[t].push(i);
+        }
+    }
+    // Template-level: the resources reachable from each resource through values only.
+    let mut template_deps: Vec<Vec<usize>> = vec![Vec::new(); bp.resources.len()];
+    for (t, deps) in template_deps.iter_mut().enumerate() {
+        let start = graph.index(NodeRef::Resource(t));
+        let mut seen = vec![false; graph.nodes.len()];
+        let mut stack: Vec<usize> = graph.edges[start].iter().map(|(w, _)| *w).collect();
+        stack.reverse();
+        while let Some(w) = stack.pop() {
+            if std::mem::replace(&mut seen[w], true) {
+                continue;
+            }
+            match graph.nodes[w] {
+                NodeRef::Resource(d) if d != t => {
+                    if !deps.contains(&d) {
+                        deps.push(d);
+                    }
+                }
+                NodeRef::Value(_) => stack.extend(graph.edges[w].iter().map(|(x, _)| *x)),
+                _ => {}
+            }
+        }
+    }
+    let mut deps = vec![Vec::new(); ev.resources.len()];
+    for (t, tdeps) in template_deps.iter().enumerate() {
+        for &x in &elements[t] {
+            deps[x] = tdeps
+                .iter()
+                .flat_map(|d| elements[*d].iter().copied())
+                .collect();
+        }
+    }
+    // Dependency order of templates, expanded element by element.
+    let order = graph
+        .dependency_order()
+        .into_iter()
+        .filter_map(|n| match n {
+            NodeRef::Resource(t) => Some(elements[t].clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    (deps, order)
+}
+
+impl Prepared {
+    /// Every export's value against the evaluation as it is now (after a deploy: with every
+    /// resource's state recorded), checked against its declared type.
+    pub fn exports(
+        &self,
+        plugins: &PluginContext<'_>,
+    ) -> Vec<(String, String, Result<Value, String>)> {
+        let link = |_: &str, _: &str| Value::Unknown;
+        let env = Env {
+            cwd: &self.cwd,
+            now_unix_nanos: self.now_unix_nanos,
+            link: &link,
+        };
+        let scope = self.evaluation.scope_with(&env, None, Some(plugins));
+        let mut out = Vec::new();
+        for x in &self.blueprint.exports {
+            let name = x.name.value.clone();
+            let ty =
+                x.ty.as_ref()
+                    .map_or("string", |t| t.value.as_str())
+                    .to_owned();
+            let Some(field) = &x.field else { continue };
+            let mut diags = Diagnostics::default();
+            let map = crate::subst::SpanMap::verbatim(field.span.file, field.span.start);
+            let result = match crate::subst::parse_expression(&field.value, &map, &mut diags) {
+                None => Err(format!(
+                    "export `{name}`: `{}` is not a reference",
+                    field.value
+                )),
+                Some(expr) => match scope.expr(&expr) {
+                    Err(e) => Err(format!("export `{name}`: {}", e.message)),
+                    Ok(v) if v.deep_contains_unknown() => Err(format!(
+                        "export `{name}`: `{}` is not known after deploy",
+                        field.value
+                    )),
+                    Ok(v) => check_export_type(&name, &ty, v),
+                },
+            };
+            out.push((name, ty, result));
+        }
+        out
+    }
+}
+
+/// An export's value must be of its declared type.
+fn check_export_type(name: &str, ty: &str, v: Value) -> Result<Value, String> {
+    let ok = match (ty, &v) {
+        ("string", Value::Str(_))
+        | ("integer", Value::Int(_))
+        | ("float", Value::Float(_) | Value::Int(_))
+        | ("boolean", Value::Bool(_))
+        | ("array", Value::List(_))
+        | ("object", Value::Map(_)) => true,
+        _ => false,
+    };
+    if ok {
+        Ok(v)
+    } else {
+        Err(format!(
+            "export `{name}` is declared {ty}, but its field holds {}",
+            crate::blueprint::article_of(v.type_name())
+        ))
+    }
+}

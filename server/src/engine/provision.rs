@@ -1,0 +1,216 @@
+//! The narrow door between the executor and providers. The executor only ever calls a
+//! [`Provisioner`]; production uses [`PluginProvisioner`] (gRPC plugin clients through the
+//! host, which applies deadlines and the provider's retry policy), tests may use anything else.
+
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+use trellis_proto::plugin::v1 as pb;
+
+use crate::plugins::{CallOptions, PluginError, PluginHost};
+
+/// A resource as the executor hands it to a provider.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub instance_id: String,
+    pub name: String,
+    pub resource_type: String,
+    /// The provider's id, once created.
+    pub external_id: Option<String>,
+    /// The spec last applied (for updates and destroys).
+    pub current_spec: Option<Json>,
+    pub current_state: Option<Json>,
+}
+
+/// A provider call's success: the external id and computed state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    pub external_id: String,
+    pub state: Json,
+}
+
+/// A provider call's failure, with whatever it created before failing.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub message: String,
+    /// Something was created before the failure: record it, so it is not orphaned.
+    pub partial: Option<Applied>,
+}
+
+impl Failure {
+    pub fn new(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            partial: None,
+        }
+    }
+}
+
+/// What a provider reports about an existing resource.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observed {
+    Missing,
+    Exists { spec: Json, state: Json },
+}
+
+#[tonic::async_trait]
+pub trait Provisioner: Send + Sync + 'static {
+    /// Creates (`target.external_id` is `None`) or updates the resource to `spec`.
+    /// `idempotency_key` is stable for the operation and resource, so a retried call does not
+    /// create twice.
+    async fn apply(
+        &self,
+        target: &Target,
+        spec: pb::Value,
+        idempotency_key: &str,
+    ) -> Result<Applied, Failure>;
+    async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure>;
+    async fn read(&self, target: &Target) -> Result<Observed, Failure>;
+}
+
+/// Providers reached through the plugin host.
+pub struct PluginProvisioner {
+    pub host: Arc<PluginHost>,
+}
+
+fn namespace(resource_type: &str) -> &str {
+    resource_type.split('/').next().unwrap_or_default()
+}
+
+fn describe(e: &PluginError) -> String {
+    e.to_string()
+}
+
+/// Provider output for storage: secrets keep their mark.
+fn raw_json(v: &pb::Value) -> Json {
+    super::state_values::from_pb(v)
+}
+
+/// Recorded values for a provider: secrets flagged.
+fn stored_pb(v: &Json) -> pb::Value {
+    super::state_values::to_pb(v)
+}
+
+fn current(target: &Target) -> Option<pb::ResourceState> {
+    target.external_id.as_ref().map(|id| pb::ResourceState {
+        resource_type: target.resource_type.clone(),
+        resource_name: target.name.clone(),
+        external_id: id.clone(),
+        spec: target.current_spec.as_ref().map(stored_pb),
+        state: target.current_state.as_ref().map(stored_pb),
+    })
+}
+
+fn options(target: &Target, key: &str) -> CallOptions {
+    CallOptions {
+        idempotency_key: (!key.is_empty()).then(|| key.to_owned()),
+        instance_id: target.instance_id.clone(),
+        ..CallOptions::default()
+    }
+}
+
+#[tonic::async_trait]
+impl Provisioner for PluginProvisioner {
+    async fn apply(
+        &self,
+        target: &Target,
+        spec: pb::Value,
+        idempotency_key: &str,
+    ) -> Result<Applied, Failure> {
+        let client = self
+            .host
+            .provider(namespace(&target.resource_type))
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let req = pb::ApplyResourceRequest {
+            context: None,
+            current: current(target),
+            resource_type: target.resource_type.clone(),
+            resource_name: target.name.clone(),
+            desired_spec: Some(spec),
+        };
+        match client
+            .apply_resource(req, &options(target, idempotency_key), |_| {})
+            .await
+        {
+            Ok(res) => Ok(Applied {
+                external_id: res.external_id,
+                state: res.state.as_ref().map_or(Json::Null, raw_json),
+            }),
+            Err(PluginError::Application(app)) => {
+                let partial = app
+                    .external_id
+                    .clone()
+                    .filter(|id| !id.is_empty())
+                    .map(|id| Applied {
+                        external_id: id,
+                        state: app.state.as_ref().map_or(Json::Null, raw_json),
+                    });
+                Err(Failure {
+                    message: PluginError::Application(app).to_string(),
+                    partial,
+                })
+            }
+            Err(e) => Err(Failure::new(describe(&e))),
+        }
+    }
+
+    async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure> {
+        let Some(current) = current(target) else {
+            // Never created: nothing to ask the provider.
+            return Ok(());
+        };
+        let client = self
+            .host
+            .provider(namespace(&target.resource_type))
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let req = pb::DestroyResourceRequest {
+            context: None,
+            current: Some(current),
+        };
+        let resp = client
+            .destroy_resource(req, &options(target, idempotency_key))
+            .await
+            .map_err(|e| Failure::new(describe(&e)))?;
+        match resp.error {
+            // Already gone is what destroy wants.
+            Some(e) if e.class != pb::ErrorClass::NotFound as i32 => Err(Failure::new(format!(
+                "provider `{}`: {}",
+                namespace(&target.resource_type),
+                e.message
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    async fn read(&self, target: &Target) -> Result<Observed, Failure> {
+        let Some(current) = current(target) else {
+            return Ok(Observed::Missing);
+        };
+        let client = self
+            .host
+            .provider(namespace(&target.resource_type))
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let req = pb::ReadResourceRequest {
+            context: None,
+            current: Some(current),
+        };
+        let resp = client
+            .read_resource(req, &options(target, ""))
+            .await
+            .map_err(|e| Failure::new(describe(&e)))?;
+        if let Some(e) = resp.error {
+            return Err(Failure::new(format!(
+                "provider `{}`: {}",
+                namespace(&target.resource_type),
+                e.message
+            )));
+        }
+        if !resp.exists {
+            return Ok(Observed::Missing);
+        }
+        Ok(Observed::Exists {
+            spec: resp.spec.as_ref().map_or(Json::Null, raw_json),
+            state: resp.state.as_ref().map_or(Json::Null, raw_json),
+        })
+    }
+}

@@ -1,0 +1,698 @@
+//! The engine API over gRPC: decode, call the [`Engine`], encode. No business rules here.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::Stream;
+use serde_json::Value as Json;
+use tonic::{Request, Response, Status};
+use trellis_proto::engine::v1 as api;
+use trellis_proto::plugin::v1 as pb;
+
+use crate::engine::diff::{FieldChange, Shown};
+use crate::engine::plan::Action;
+use crate::engine::{
+    ChangeSetView, DriftKind, DriftReport, Engine, EngineError, Source, state_values,
+};
+use crate::state::{
+    self, ChangeSetStatus, InstanceStatus, OperationKind, OperationStatus, ResourceStatus,
+    StateError,
+};
+
+/// How often a watch with nothing to send sends a heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+pub struct EngineApi {
+    engine: Arc<Engine>,
+    /// Ends open watch streams at shutdown (after the drain, so watchers see how operations
+    /// ended), so the server's graceful stop does not wait on followers forever.
+    shutdown: tokio_util::sync::CancellationToken,
+}
+
+impl EngineApi {
+    pub fn new(engine: Arc<Engine>, shutdown: tokio_util::sync::CancellationToken) -> EngineApi {
+        EngineApi { engine, shutdown }
+    }
+}
+
+fn status(e: EngineError) -> Status {
+    match e {
+        EngineError::NotFound(m) => Status::not_found(m),
+        EngineError::InvalidArgument(m) => Status::invalid_argument(m),
+        EngineError::FailedPrecondition(m) => Status::failed_precondition(m),
+        EngineError::Aborted(m) => Status::aborted(m),
+        EngineError::AlreadyExists(m) => Status::already_exists(m),
+        EngineError::PermissionDenied(m) => Status::permission_denied(m),
+        EngineError::Unavailable(m) => Status::unavailable(m),
+        EngineError::Internal(m) => Status::internal(m),
+    }
+}
+
+fn state_status(e: StateError) -> Status {
+    status(EngineError::from(e))
+}
+
+fn source(s: Option<api::BlueprintSource>) -> Result<Source, Status> {
+    match s.and_then(|s| s.source) {
+        Some(api::blueprint_source::Source::Inline(b)) => Ok(Source::Inline {
+            file_name: b.file_name,
+            content: b.content,
+            children: b
+                .children
+                .into_iter()
+                .map(|c| (c.path, c.content))
+                .collect(),
+        }),
+        Some(api::blueprint_source::Source::Path(p)) => Ok(Source::Path(p.into())),
+        None => Err(Status::invalid_argument(
+            "a blueprint source (inline or path) is required",
+        )),
+    }
+}
+
+fn variables(v: Vec<api::Variable>) -> Vec<(String, String)> {
+    v.into_iter().map(|v| (v.name, v.value)).collect()
+}
+
+// ---- encoding ---------------------------------------------------------------------------------
+
+pub fn diagnostic(d: &Json) -> api::Diagnostic {
+    let s = |k: &str| {
+        d.get(k)
+            .and_then(Json::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let n = |k: &str| d.get(k).and_then(Json::as_u64).unwrap_or(0) as u32;
+    let severity = match d.get("severity").and_then(Json::as_str) {
+        Some("error") => api::Severity::Error,
+        Some("warning") => api::Severity::Warning,
+        Some("info") => api::Severity::Info,
+        _ => api::Severity::Unspecified,
+    };
+    api::Diagnostic {
+        code: s("code"),
+        severity: severity as i32,
+        message: s("message"),
+        file: s("file"),
+        line: n("line"),
+        column: n("column"),
+        end_line: n("end_line"),
+        end_column: n("end_column"),
+        hint: s("hint"),
+    }
+}
+
+fn shown(s: &Shown) -> pb::Value {
+    match s {
+        Shown::Value(v) => crate::plugins::values::from_json(v),
+        Shown::Unknown => pb::Value {
+            kind: Some(pb::value::Kind::Unknown(pb::Unknown {})),
+            sensitive: false,
+        },
+        Shown::Sensitive => pb::Value {
+            kind: None,
+            sensitive: true,
+        },
+    }
+}
+
+fn field(f: &FieldChange) -> api::FieldChange {
+    api::FieldChange {
+        path: f.path.clone(),
+        previous: f.previous.as_ref().map(shown),
+        new: f.new.as_ref().map(shown),
+        must_recreate: f.must_recreate,
+    }
+}
+
+fn action(a: Action) -> api::ChangeAction {
+    match a {
+        Action::Create => api::ChangeAction::Create,
+        Action::Update => api::ChangeAction::Update,
+        Action::Recreate => api::ChangeAction::Recreate,
+        Action::Delete => api::ChangeAction::Delete,
+        Action::NoChange => api::ChangeAction::NoChange,
+    }
+}
+
+fn change_set_status(s: ChangeSetStatus) -> api::ChangeSetStatus {
+    match s {
+        ChangeSetStatus::Planned => api::ChangeSetStatus::Planned,
+        ChangeSetStatus::Executing => api::ChangeSetStatus::Executing,
+        ChangeSetStatus::Executed => api::ChangeSetStatus::Executed,
+        ChangeSetStatus::Failed => api::ChangeSetStatus::Failed,
+        ChangeSetStatus::Superseded => api::ChangeSetStatus::Superseded,
+    }
+}
+
+pub fn change_set(v: &ChangeSetView) -> api::ChangeSet {
+    let cs = &v.change_set;
+    api::ChangeSet {
+        id: cs.id.clone(),
+        instance: v.instance_name.clone(),
+        instance_id: cs.instance_id.clone(),
+        status: change_set_status(cs.status) as i32,
+        planned_version: cs.planned_version,
+        digest: cs.digest.clone(),
+        resources: v
+            .plan
+            .resources
+            .iter()
+            .map(|r| api::ResourceChange {
+                name: r.name.clone(),
+                resource_type: r.resource_type.clone(),
+                action: action(r.action) as i32,
+                fields: r.fields.iter().map(field).collect(),
+                reason: r.reason.clone(),
+                depends_on: r.depends_on.clone(),
+            })
+            .collect(),
+        exports: vec![],
+        diagnostics: v.diagnostics.iter().map(diagnostic).collect(),
+        summary: v.plan.summary(),
+        created_at_unix_ms: cs.created_at.as_millis(),
+    }
+}
+
+fn instance_status(s: InstanceStatus) -> api::InstanceStatus {
+    use api::InstanceStatus as A;
+    match s {
+        InstanceStatus::New => A::New,
+        InstanceStatus::Deploying => A::Deploying,
+        InstanceStatus::Deployed => A::Deployed,
+        InstanceStatus::DeployFailed => A::DeployFailed,
+        InstanceStatus::Updating => A::Updating,
+        InstanceStatus::Updated => A::Updated,
+        InstanceStatus::UpdateFailed => A::UpdateFailed,
+        InstanceStatus::RollingBack => A::RollingBack,
+        InstanceStatus::RollbackComplete => A::RollbackComplete,
+        InstanceStatus::RollbackFailed => A::RollbackFailed,
+        InstanceStatus::Destroying => A::Destroying,
+        InstanceStatus::Destroyed => A::Destroyed,
+        InstanceStatus::DestroyFailed => A::DestroyFailed,
+        InstanceStatus::Interrupted => A::Interrupted,
+    }
+}
+
+fn resource_status(s: ResourceStatus) -> api::ResourceStatus {
+    use api::ResourceStatus as A;
+    match s {
+        ResourceStatus::CreateRequested => A::Creating,
+        ResourceStatus::Created => A::Created,
+        ResourceStatus::CreateFailed => A::CreateFailed,
+        ResourceStatus::UpdateRequested => A::Updating,
+        ResourceStatus::Updated => A::Updated,
+        ResourceStatus::UpdateFailed => A::UpdateFailed,
+        ResourceStatus::DestroyRequested => A::Destroying,
+        ResourceStatus::DestroyFailed => A::DestroyFailed,
+    }
+}
+
+fn instance_summary(i: &state::Instance) -> api::Instance {
+    api::Instance {
+        id: i.id.clone(),
+        name: i.name.clone(),
+        status: instance_status(i.status) as i32,
+        version: i.version,
+        last_seq: i.last_seq,
+        resources: vec![],
+        links: vec![],
+        children: vec![],
+        exports: vec![],
+        created_at_unix_ms: i.created_at.as_millis(),
+        updated_at_unix_ms: i.updated_at.as_millis(),
+    }
+}
+
+fn export(e: &state::Export) -> api::Export {
+    api::Export {
+        name: e.name.clone(),
+        r#type: e.export_type.clone(),
+        value: Some(state_values::to_api(&e.value)),
+    }
+}
+
+pub fn instance(s: &state::InstanceState) -> api::Instance {
+    let mut out = instance_summary(&s.instance);
+    out.resources = s
+        .resources
+        .iter()
+        .map(|r| api::Resource {
+            name: r.name.clone(),
+            resource_type: r.resource_type.clone(),
+            status: resource_status(r.status) as i32,
+            spec: Some(state_values::to_api(&r.spec)),
+            state: r.state.as_ref().map(state_values::to_api),
+            external_id: r.external_id.clone().unwrap_or_default(),
+            failure_reason: r.failure_reason.clone().unwrap_or_default(),
+            depends_on: r.depends_on.clone(),
+            updated_at_unix_ms: r.updated_at.as_millis(),
+        })
+        .collect();
+    out.links = s
+        .links
+        .iter()
+        .map(|l| api::Link {
+            resource_a: l.resource_a.clone(),
+            resource_b: l.resource_b.clone(),
+            link_type: l.link_type.clone(),
+            status: resource_status(l.status) as i32,
+            data: Some(state_values::to_api(&l.data)),
+        })
+        .collect();
+    out.children = s
+        .children
+        .iter()
+        .map(|c| api::Child {
+            name: c.name.clone(),
+            instance_id: c.child_instance_id.clone(),
+        })
+        .collect();
+    out.exports = s.exports.iter().map(export).collect();
+    out
+}
+
+fn operation(op: &state::Operation, instance_name: &str, start_seq: u64) -> api::Operation {
+    api::Operation {
+        id: op.id.clone(),
+        instance: instance_name.to_owned(),
+        instance_id: op.instance_id.clone(),
+        kind: match op.kind {
+            OperationKind::Deploy => api::OperationKind::Deploy,
+            OperationKind::Destroy => api::OperationKind::Destroy,
+            OperationKind::Reconcile => api::OperationKind::Reconcile,
+        } as i32,
+        status: match op.status {
+            OperationStatus::Pending => api::OperationStatus::Pending,
+            OperationStatus::Running => api::OperationStatus::Running,
+            OperationStatus::Succeeded => api::OperationStatus::Succeeded,
+            OperationStatus::Failed => api::OperationStatus::Failed,
+            OperationStatus::Cancelled => api::OperationStatus::Cancelled,
+            OperationStatus::Interrupted => api::OperationStatus::Interrupted,
+        } as i32,
+        request_id: op.request_id.clone(),
+        change_set_id: op.change_set_id.clone().unwrap_or_default(),
+        error: op.error.clone().unwrap_or_default(),
+        created_at_unix_ms: op.created_at.as_millis(),
+        finished_at_unix_ms: op.finished_at.map_or(0, |t| t.as_millis()),
+        start_seq,
+    }
+}
+
+fn event(e: &state::Event) -> api::Event {
+    let operation_id = e
+        .payload
+        .get("operation")
+        .and_then(Json::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    api::Event {
+        instance_id: e.instance_id.clone(),
+        seq: e.seq,
+        kind: e.kind.clone(),
+        payload_json: e.payload.to_string(),
+        at_unix_ms: e.at.as_millis(),
+        operation_id,
+    }
+}
+
+fn drift(r: &DriftReport) -> api::DriftReport {
+    api::DriftReport {
+        instance: r.instance.clone(),
+        drifted: r.drifted(),
+        resources: r
+            .resources
+            .iter()
+            .map(|d| api::ResourceDrift {
+                name: d.name.clone(),
+                resource_type: d.resource_type.clone(),
+                kind: match d.kind {
+                    DriftKind::Changed => api::DriftKind::Changed,
+                    DriftKind::Missing => api::DriftKind::Missing,
+                    DriftKind::Unresolved => api::DriftKind::Unresolved,
+                } as i32,
+                fields: d.fields.iter().map(field).collect(),
+                detail: d.detail.clone(),
+            })
+            .collect(),
+        errors: r.errors.clone(),
+    }
+}
+
+// ---- watching ---------------------------------------------------------------------------------
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<api::WatchResponse, Status>> + Send>>;
+
+/// What a watch follows.
+#[derive(Clone)]
+enum Watch {
+    /// One operation's events, ending after its terminal event.
+    Operation(String),
+    /// Every event of the instance; `follow` keeps the stream open.
+    Instance { follow: bool },
+}
+
+fn is_terminal_for(e: &state::Event, op: &str) -> bool {
+    matches!(
+        e.kind.as_str(),
+        "operation.finished" | "operation.interrupted"
+    ) && e.payload.get("operation").and_then(Json::as_str) == Some(op)
+}
+
+/// Streams events after `after_seq`: from the store, then as they are committed, with
+/// heartbeats while idle. The sequence numbers make a resumed stream exact.
+fn watch(
+    store: Arc<dyn state::StateStore>,
+    instance_id: String,
+    after_seq: u64,
+    what: Watch,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> WatchStream {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<api::WatchResponse, Status>>(256);
+    tokio::spawn(async move {
+        let mut seq = after_seq;
+        let mut sub = store.subscribe(&instance_id);
+        loop {
+            let batch = match store.events_since(&instance_id, seq, 512).await {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = tx.send(Err(state_status(e))).await;
+                    return;
+                }
+            };
+            if batch.is_empty() {
+                if let Watch::Instance { follow: false } = what {
+                    return;
+                }
+                // A terminal event may have been before `after_seq` (resuming a finished
+                // operation): end when the operation is over and nothing is left to send.
+                if let Watch::Operation(op) = &what
+                    && store
+                        .get_operation(op)
+                        .await
+                        .is_ok_and(|o| o.status.is_terminal())
+                {
+                    return;
+                }
+                tokio::select! {
+                    changed = sub.changed() => {
+                        if changed.is_none() {
+                            return;
+                        }
+                    }
+                    _ = tokio::time::sleep(HEARTBEAT) => {
+                        let hb = api::WatchResponse {
+                            item: Some(api::watch_response::Item::Heartbeat(api::Heartbeat { last_seq: seq })),
+                        };
+                        if tx.send(Ok(hb)).await.is_err() {
+                            return;
+                        }
+                    }
+                    _ = tx.closed() => return,
+                    _ = shutdown.cancelled() => {
+                        let _ = tx.send(Err(Status::unavailable("the engine is shutting down; resume the watch from the last sequence number"))).await;
+                        return;
+                    }
+                }
+                continue;
+            }
+            for e in &batch {
+                seq = e.seq;
+                let (send, last) = match &what {
+                    Watch::Instance { .. } => (true, false),
+                    Watch::Operation(op) => {
+                        let mine =
+                            e.payload.get("operation").and_then(Json::as_str) == Some(op.as_str());
+                        (mine, is_terminal_for(e, op))
+                    }
+                };
+                if send {
+                    let item = api::WatchResponse {
+                        item: Some(api::watch_response::Item::Event(event(e))),
+                    };
+                    if tx.send(Ok(item)).await.is_err() {
+                        return;
+                    }
+                }
+                if last {
+                    return;
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+// ---- the service ------------------------------------------------------------------------------
+
+type DiagStream = Pin<Box<dyn Stream<Item = Result<api::Diagnostic, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl api::engine_server::Engine for EngineApi {
+    type ValidateStream = DiagStream;
+    type WatchOperationStream = WatchStream;
+    type WatchInstanceStream = WatchStream;
+
+    async fn validate(
+        &self,
+        req: Request<api::ValidateRequest>,
+    ) -> Result<Response<DiagStream>, Status> {
+        let r = req.into_inner();
+        let diags = self
+            .engine
+            .validate(source(r.source)?, variables(r.variables))
+            .await
+            .map_err(status)?;
+        let items: Vec<Result<api::Diagnostic, Status>> =
+            diags.iter().map(|d| Ok(diagnostic(d))).collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(items))))
+    }
+
+    async fn create_change_set(
+        &self,
+        req: Request<api::CreateChangeSetRequest>,
+    ) -> Result<Response<api::ChangeSet>, Status> {
+        let r = req.into_inner();
+        let v = self
+            .engine
+            .create_change_set(&r.instance, source(r.source)?, variables(r.variables))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(change_set(&v)))
+    }
+
+    async fn get_change_set(
+        &self,
+        req: Request<api::GetChangeSetRequest>,
+    ) -> Result<Response<api::ChangeSet>, Status> {
+        let v = self
+            .engine
+            .get_change_set(&req.into_inner().change_set_id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(change_set(&v)))
+    }
+
+    async fn list_change_sets(
+        &self,
+        req: Request<api::ListChangeSetsRequest>,
+    ) -> Result<Response<api::ListChangeSetsResponse>, Status> {
+        let list = self
+            .engine
+            .list_change_sets(&req.into_inner().instance)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(api::ListChangeSetsResponse {
+            change_sets: list.iter().map(change_set).collect(),
+        }))
+    }
+
+    async fn execute_change_set(
+        &self,
+        req: Request<api::ExecuteChangeSetRequest>,
+    ) -> Result<Response<api::Operation>, Status> {
+        let r = req.into_inner();
+        let op = self
+            .engine
+            .execute(&r.request_id, &r.change_set_id, r.rollback_on_failure)
+            .await
+            .map_err(status)?;
+        self.encode_operation(op).await
+    }
+
+    async fn destroy(
+        &self,
+        req: Request<api::DestroyRequest>,
+    ) -> Result<Response<api::Operation>, Status> {
+        let r = req.into_inner();
+        let op = self
+            .engine
+            .destroy(&r.request_id, &r.instance)
+            .await
+            .map_err(status)?;
+        self.encode_operation(op).await
+    }
+
+    async fn get_instance(
+        &self,
+        req: Request<api::GetInstanceRequest>,
+    ) -> Result<Response<api::Instance>, Status> {
+        let s = self
+            .engine
+            .get_instance(&req.into_inner().instance)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(instance(&s)))
+    }
+
+    async fn list_instances(
+        &self,
+        _req: Request<api::ListInstancesRequest>,
+    ) -> Result<Response<api::ListInstancesResponse>, Status> {
+        let list = self.engine.list_instances().await.map_err(status)?;
+        Ok(Response::new(api::ListInstancesResponse {
+            instances: list.iter().map(instance_summary).collect(),
+        }))
+    }
+
+    async fn get_exports(
+        &self,
+        req: Request<api::GetExportsRequest>,
+    ) -> Result<Response<api::GetExportsResponse>, Status> {
+        let s = self
+            .engine
+            .get_instance(&req.into_inner().instance)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(api::GetExportsResponse {
+            exports: s.exports.iter().map(export).collect(),
+        }))
+    }
+
+    async fn get_operation(
+        &self,
+        req: Request<api::GetOperationRequest>,
+    ) -> Result<Response<api::Operation>, Status> {
+        let op = self
+            .engine
+            .get_operation(&req.into_inner().operation_id)
+            .await
+            .map_err(status)?;
+        self.encode_operation(op).await
+    }
+
+    async fn list_operations(
+        &self,
+        req: Request<api::ListOperationsRequest>,
+    ) -> Result<Response<api::ListOperationsResponse>, Status> {
+        let name = req.into_inner().instance;
+        let ops = self.engine.list_operations(&name).await.map_err(status)?;
+        Ok(Response::new(api::ListOperationsResponse {
+            operations: ops.iter().map(|o| operation(o, &name, 0)).collect(),
+        }))
+    }
+
+    async fn watch_operation(
+        &self,
+        req: Request<api::WatchOperationRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let r = req.into_inner();
+        let op = self
+            .engine
+            .get_operation(&r.operation_id)
+            .await
+            .map_err(status)?;
+        let store = self.engine.store().clone();
+        let inst = store
+            .get_instance(&op.instance_id)
+            .await
+            .map_err(state_status)?;
+        // Without a position, start where retention left off (an operation's events are all
+        // after that unless retention already removed them).
+        let after = r.after_seq.max(inst.pruned_through);
+        Ok(Response::new(watch(
+            store,
+            op.instance_id,
+            after,
+            Watch::Operation(op.id),
+            self.shutdown.clone(),
+        )))
+    }
+
+    async fn watch_instance(
+        &self,
+        req: Request<api::WatchInstanceRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let r = req.into_inner();
+        let id = self.engine.instance_id(&r.instance).await.map_err(status)?;
+        Ok(Response::new(watch(
+            self.engine.store().clone(),
+            id,
+            r.after_seq,
+            Watch::Instance { follow: r.follow },
+            self.shutdown.clone(),
+        )))
+    }
+
+    async fn cancel_operation(
+        &self,
+        req: Request<api::CancelOperationRequest>,
+    ) -> Result<Response<api::Operation>, Status> {
+        let op = self
+            .engine
+            .cancel(&req.into_inner().operation_id)
+            .await
+            .map_err(status)?;
+        self.encode_operation(op).await
+    }
+
+    async fn check_drift(
+        &self,
+        req: Request<api::CheckDriftRequest>,
+    ) -> Result<Response<api::DriftReport>, Status> {
+        let report = self
+            .engine
+            .check_drift(&req.into_inner().instance)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(drift(&report)))
+    }
+
+    async fn reconcile(
+        &self,
+        req: Request<api::ReconcileRequest>,
+    ) -> Result<Response<api::Operation>, Status> {
+        let r = req.into_inner();
+        let accept = match api::ReconcileMode::try_from(r.mode) {
+            Ok(api::ReconcileMode::AcceptExternal) => true,
+            Ok(api::ReconcileMode::Reapply) => false,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "mode must be RECONCILE_MODE_ACCEPT_EXTERNAL or RECONCILE_MODE_REAPPLY",
+                ));
+            }
+        };
+        let op = self
+            .engine
+            .reconcile(&r.request_id, &r.instance, accept, r.resources)
+            .await
+            .map_err(status)?;
+        self.encode_operation(op).await
+    }
+}
+
+impl EngineApi {
+    async fn encode_operation(
+        &self,
+        op: state::Operation,
+    ) -> Result<Response<api::Operation>, Status> {
+        let name = self
+            .engine
+            .instance_name(&op.instance_id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(operation(&op, &name, 0)))
+    }
+}
