@@ -361,6 +361,7 @@ impl Resource for SimResource {
 
     async fn create(&self, ctx: &Context, req: &CreateRequest) -> Result<Applied> {
         self.simulate(ctx, &req.name, Op::Create, &req.spec).await?;
+        journal(&req.name);
         Ok(Applied::new(
             sim_id(&req.name),
             state_of(&req.name, &req.spec),
@@ -392,6 +393,26 @@ impl Resource for SimResource {
             spec: current.spec.clone(),
             state: state_of(&current.name, &current.spec),
         }))
+    }
+}
+
+/// Appends `created <name>` to the file named by `TRELLIS_SIM_JOURNAL`, when set: what the
+/// plugin created, independent of the engine's state, so crash tests can check that the engine
+/// recorded everything (see README.md).
+fn journal(name: &str) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("TRELLIS_SIM_JOURNAL") else {
+        return;
+    };
+    // One write per line with O_APPEND: lines from concurrent calls never interleave.
+    let line = format!("created {name}\n");
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("sim: cannot append to the journal {}: {e}", path.to_string_lossy());
     }
 }
 

@@ -1,19 +1,1265 @@
 //! `trellis serve` settings: command-line flags, `TRELLIS_*` environment variables and an
 //! optional TOML file, merged in that order of precedence (flag > env > file > default).
+//!
+//! [`ServeArgs::resolve`] turns them into a validated [`ServeConfig`]; [`init_logging`]
+//! installs the log subscriber it describes and [`bind`] opens its listening socket.
+//! docs/serve.md is the operator's view of the same settings.
 
-use std::path::PathBuf;
+use std::fmt;
+use std::io::{self, IsTerminal};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, Unexpected, Visitor};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::server::{Connected, TcpConnectInfo, UdsConnectInfo};
+
+/// Where the engine listens unless told otherwise: loopback only, so a fresh install is not
+/// reachable from the network.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8325";
+/// The data directory, relative to the working directory.
+pub const DEFAULT_DATA_DIR: &str = ".trellis";
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+pub const DEFAULT_MAX_PARALLEL: usize = 64;
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_INCLUDE_BYTES: u64 = 1024 * 1024;
+pub const DEFAULT_MAX_INPUT_SIZE: usize = crate::document::DEFAULT_MAX_INPUT_BYTES;
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+pub const DEFAULT_EVENT_RETENTION_DAYS: u32 = 30;
+
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Flags of `trellis serve`. Every setting is optional here so that one not given on the
 /// command line or in the environment can come from the config file.
 #[derive(clap::Args, Debug, Default)]
 pub struct ServeArgs {
     /// Address to listen on: `HOST:PORT` (default 127.0.0.1:8325) or `unix:/path/to.sock`.
+    /// Port 0 picks a free port; the address actually bound is printed at startup.
     #[arg(long, value_name = "ADDR", env = "TRELLIS_LISTEN")]
     pub listen: Option<String>,
     /// Data directory: state database, plugin cache and sockets (default `.trellis`).
     #[arg(long, value_name = "DIR", env = "TRELLIS_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// A TOML file with any of these settings (keys as the long flag names, `-` or `_`).
+    /// Relative paths in it are relative to the file's directory.
     #[arg(long, value_name = "FILE", env = "TRELLIS_CONFIG")]
     pub config: Option<PathBuf>,
+    /// A directory to search for plugin executables, before the directory holding `trellis`
+    /// itself. Repeatable; TRELLIS_PLUGIN_DIR is a `:`-separated list.
+    #[arg(
+        long = "plugin-dir",
+        value_name = "DIR",
+        env = "TRELLIS_PLUGIN_DIR",
+        value_delimiter = ':'
+    )]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Do not search the directory holding the `trellis` executable for bundled plugins.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        env = "TRELLIS_NO_BUNDLED_PLUGINS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub no_bundled_plugins: Option<bool>,
+    /// Log filter: a level (`info`, `debug`, ...) or directives like `info,trellis=debug`
+    /// (default `info`).
+    #[arg(long, value_name = "LEVEL", env = "TRELLIS_LOG_LEVEL")]
+    pub log_level: Option<String>,
+    /// Log format on stderr (default `text`).
+    #[arg(long, value_name = "FORMAT", env = "TRELLIS_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Most resource operations (create, update, destroy, read) running at once, across all
+    /// deployments (default 64).
+    #[arg(long, value_name = "N", env = "TRELLIS_MAX_PARALLEL")]
+    pub max_parallel: Option<usize>,
+    /// At shutdown, how long running operations get to reach a safe point before they are
+    /// marked interrupted: seconds, or `500ms`, `30s`, `2m`, `1h` (default 30s).
+    #[arg(long, value_name = "SECONDS", env = "TRELLIS_DRAIN_TIMEOUT", value_parser = parse_duration)]
+    pub drain_timeout: Option<Duration>,
+    /// A directory under which clients may name blueprint files on the engine host by path.
+    /// Repeatable; TRELLIS_ALLOW_PATH is a `:`-separated list. Must exist. Without any, path
+    /// sources are refused and blueprints must be sent inline.
+    #[arg(
+        long = "allow-path",
+        value_name = "DIR",
+        env = "TRELLIS_ALLOW_PATH",
+        value_delimiter = ':'
+    )]
+    pub allow_paths: Vec<PathBuf>,
+    /// A host from which `https://` child blueprints (includes) may be fetched. Repeatable;
+    /// TRELLIS_ALLOW_INCLUDE_HOST is a comma-separated list. Without any, remote includes are
+    /// refused.
+    #[arg(
+        long = "allow-include-host",
+        value_name = "HOST",
+        env = "TRELLIS_ALLOW_INCLUDE_HOST",
+        value_delimiter = ','
+    )]
+    pub allow_include_hosts: Vec<String>,
+    /// Largest child blueprint fetched over https, in bytes (default 1 MiB).
+    #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INCLUDE_BYTES")]
+    pub max_include_bytes: Option<u64>,
+    /// Largest blueprint or variables file accepted, in bytes (default 10 MiB).
+    #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE")]
+    pub max_input_size: Option<usize>,
+    /// How long a deployment's lease on an instance lasts without a heartbeat before another
+    /// engine may take the instance over: seconds or a duration like `45s` (default 30s).
+    #[arg(long, value_name = "SECONDS", env = "TRELLIS_LEASE_TTL", value_parser = parse_duration)]
+    pub lease_ttl: Option<Duration>,
+    /// Days of deployment events and finished change sets to keep (default 30).
+    #[arg(long, value_name = "DAYS", env = "TRELLIS_EVENT_RETENTION_DAYS")]
+    pub event_retention_days: Option<u32>,
+}
+
+/// The settings of a running engine, validated, with every path absolute.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub listen: Listen,
+    pub data_dir: PathBuf,
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Search the directory holding the `trellis` executable for plugins.
+    pub bundled_plugins: bool,
+    /// An `EnvFilter` spec, already checked.
+    pub log_level: String,
+    pub log_format: LogFormat,
+    pub max_parallel: usize,
+    pub drain_timeout: Duration,
+    /// Canonical, existing directories; empty means blueprint paths are refused.
+    pub allowed_roots: Vec<PathBuf>,
+    /// Lower-case host names (optionally `host:port`); empty means remote includes are refused.
+    pub include_hosts: Vec<String>,
+    pub max_include_bytes: u64,
+    pub max_input_size: usize,
+    pub lease_ttl: Duration,
+    pub event_retention: Duration,
+}
+
+/// Where the engine accepts connections.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    /// An absolute socket path.
+    Unix(PathBuf),
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Tcp(addr) => write!(f, "{addr}"),
+            Listen::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The config file's contents. Keys are the long flag names; snake_case is accepted too
+/// because that is what people write in TOML by habit.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileSettings {
+    listen: Option<String>,
+    #[serde(alias = "data_dir")]
+    data_dir: Option<PathBuf>,
+    #[serde(alias = "plugin_dir")]
+    plugin_dir: Option<Vec<PathBuf>>,
+    #[serde(alias = "no_bundled_plugins")]
+    no_bundled_plugins: Option<bool>,
+    #[serde(alias = "log_level")]
+    log_level: Option<String>,
+    #[serde(alias = "log_format")]
+    log_format: Option<LogFormat>,
+    #[serde(alias = "max_parallel")]
+    max_parallel: Option<usize>,
+    #[serde(alias = "drain_timeout")]
+    drain_timeout: Option<FileDuration>,
+    #[serde(alias = "allow_path")]
+    allow_path: Option<Vec<PathBuf>>,
+    #[serde(alias = "allow_include_host")]
+    allow_include_host: Option<Vec<String>>,
+    #[serde(alias = "max_include_bytes")]
+    max_include_bytes: Option<u64>,
+    #[serde(alias = "max_input_size")]
+    max_input_size: Option<usize>,
+    #[serde(alias = "lease_ttl")]
+    lease_ttl: Option<FileDuration>,
+    #[serde(alias = "event_retention_days")]
+    event_retention_days: Option<u32>,
+}
+
+/// A duration in the file: an integer number of seconds or a string such as `"2m"`.
+#[derive(Debug)]
+struct FileDuration(Duration);
+
+impl<'de> serde::Deserialize<'de> for FileDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = FileDuration;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("seconds, or a string like \"30s\", \"2m\" or \"500ms\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<FileDuration, E> {
+                Ok(FileDuration(Duration::from_secs(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<FileDuration, E> {
+                u64::try_from(v)
+                    .map(|secs| FileDuration(Duration::from_secs(secs)))
+                    .map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<FileDuration, E> {
+                parse_duration(v).map(FileDuration).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A loaded config file: where relative paths in it start from, and how errors name it.
+struct ConfigFile {
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+/// Where a setting's value came from, for relative paths and error messages.
+#[derive(Clone, Copy)]
+enum Origin<'a> {
+    /// A flag or its environment variable (clap has merged them): relative to the cwd.
+    Arg,
+    File(&'a ConfigFile),
+    Default,
+}
+
+impl Origin<'_> {
+    fn base<'p>(&'p self, cwd: &'p Path) -> &'p Path {
+        match self {
+            Origin::File(file) => &file.dir,
+            Origin::Arg | Origin::Default => cwd,
+        }
+    }
+
+    /// An error about setting `name` (its long flag name) from this origin.
+    fn error(&self, name: &str, why: impl fmt::Display) -> String {
+        match self {
+            Origin::Arg => {
+                let env = name.to_ascii_uppercase().replace('-', "_");
+                format!("--{name} (or TRELLIS_{env}): {why}")
+            }
+            Origin::File(file) => format!("`{name}` in {}: {why}", file.path.display()),
+            Origin::Default => format!("default {name}: {why}"),
+        }
+    }
+}
+
+/// The flag/env value if set, else the file's; `file_value` is only ever `Some` with a file.
+fn layer<'a, T>(
+    arg: Option<T>,
+    file_value: Option<T>,
+    file: Option<&'a ConfigFile>,
+) -> Option<(T, Origin<'a>)> {
+    arg.map(|v| (v, Origin::Arg))
+        .or_else(|| file_value.zip(file).map(|(v, f)| (v, Origin::File(f))))
+}
+
+/// Like [`layer`] with a default for when neither gives a value.
+fn layer_or<'a, T>(
+    arg: Option<T>,
+    file_value: Option<T>,
+    file: Option<&'a ConfigFile>,
+    default: T,
+) -> (T, Origin<'a>) {
+    layer(arg, file_value, file).unwrap_or((default, Origin::Default))
+}
+
+/// A repeatable flag counts as unset when given no values, so the file's list applies.
+fn non_empty<T>(values: Vec<T>) -> Option<Vec<T>> {
+    (!values.is_empty()).then_some(values)
+}
+
+impl ServeArgs {
+    /// Merges flags/env, the config file and defaults, and validates the result.
+    pub fn resolve(self) -> Result<ServeConfig, String> {
+        let cwd = std::env::current_dir()
+            .map_err(|e| format!("cannot read the working directory: {e}"))?;
+        let (settings, file) = match &self.config {
+            Some(path) => {
+                let (settings, file) = load_file(&absolute(&cwd, path))?;
+                (settings, Some(file))
+            }
+            None => (FileSettings::default(), None),
+        };
+        let file = file.as_ref();
+
+        let listen = match layer(self.listen, settings.listen, file) {
+            Some((text, origin)) => {
+                parse_listen(&text, origin.base(&cwd)).map_err(|e| origin.error("listen", e))?
+            }
+            None => Listen::Tcp(DEFAULT_LISTEN.parse().expect("valid default address")),
+        };
+
+        let (data_dir, origin) = layer_or(
+            self.data_dir,
+            settings.data_dir,
+            file,
+            DEFAULT_DATA_DIR.into(),
+        );
+        let data_dir = path_setting(&data_dir, origin, &cwd, "data-dir")?;
+
+        let plugin_dirs = match layer(non_empty(self.plugin_dirs), settings.plugin_dir, file) {
+            Some((dirs, origin)) => dirs
+                .iter()
+                .map(|dir| path_setting(dir, origin, &cwd, "plugin-dir"))
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+
+        let (no_bundled, _) = layer_or(
+            self.no_bundled_plugins,
+            settings.no_bundled_plugins,
+            file,
+            false,
+        );
+
+        let (log_level, origin) = layer_or(
+            self.log_level,
+            settings.log_level,
+            file,
+            DEFAULT_LOG_LEVEL.to_owned(),
+        );
+        let log_level = log_level.trim().to_owned();
+        check_log_filter(&log_level).map_err(|e| origin.error("log-level", e))?;
+
+        let (log_format, _) = layer_or(self.log_format, settings.log_format, file, LogFormat::Text);
+
+        let (max_parallel, origin) = layer_or(
+            self.max_parallel,
+            settings.max_parallel,
+            file,
+            DEFAULT_MAX_PARALLEL,
+        );
+        at_least_one(max_parallel as u64, origin, "max-parallel")?;
+
+        let (drain_timeout, _) = layer_or(
+            self.drain_timeout,
+            settings.drain_timeout.map(|d| d.0),
+            file,
+            DEFAULT_DRAIN_TIMEOUT,
+        );
+
+        let allowed_roots = match layer(non_empty(self.allow_paths), settings.allow_path, file) {
+            Some((roots, origin)) => roots
+                .iter()
+                .map(|root| allowed_root(root, origin, &cwd))
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+
+        let include_hosts = match layer(
+            non_empty(self.allow_include_hosts),
+            settings.allow_include_host,
+            file,
+        ) {
+            Some((hosts, origin)) => hosts
+                .iter()
+                .map(|host| include_host(host).map_err(|e| origin.error("allow-include-host", e)))
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+
+        let (max_include_bytes, origin) = layer_or(
+            self.max_include_bytes,
+            settings.max_include_bytes,
+            file,
+            DEFAULT_MAX_INCLUDE_BYTES,
+        );
+        at_least_one(max_include_bytes, origin, "max-include-bytes")?;
+
+        let (max_input_size, origin) = layer_or(
+            self.max_input_size,
+            settings.max_input_size,
+            file,
+            DEFAULT_MAX_INPUT_SIZE,
+        );
+        at_least_one(max_input_size as u64, origin, "max-input-size")?;
+
+        let (lease_ttl, origin) = layer_or(
+            self.lease_ttl,
+            settings.lease_ttl.map(|d| d.0),
+            file,
+            DEFAULT_LEASE_TTL,
+        );
+        if lease_ttl.is_zero() {
+            return Err(origin.error("lease-ttl", "must be longer than 0"));
+        }
+
+        let (retention_days, origin) = layer_or(
+            self.event_retention_days,
+            settings.event_retention_days,
+            file,
+            DEFAULT_EVENT_RETENTION_DAYS,
+        );
+        at_least_one(retention_days.into(), origin, "event-retention-days")?;
+
+        Ok(ServeConfig {
+            listen,
+            data_dir,
+            plugin_dirs,
+            bundled_plugins: !no_bundled,
+            log_level,
+            log_format,
+            max_parallel,
+            drain_timeout,
+            allowed_roots,
+            include_hosts,
+            max_include_bytes,
+            max_input_size,
+            lease_ttl,
+            event_retention: DAY * retention_days,
+        })
+    }
+}
+
+fn load_file(path: &Path) -> Result<(FileSettings, ConfigFile), String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+    let settings = toml::from_str(&text).map_err(|e| toml_error(path, &text, &e))?;
+    let file = ConfigFile {
+        path: path.to_owned(),
+        dir: path.parent().unwrap_or(Path::new("/")).to_owned(),
+    };
+    Ok((settings, file))
+}
+
+/// One line: `FILE:LINE:COL: message: `offending line``. toml's own rendering spans several
+/// lines, and its message alone does not name the key of a wrongly typed value.
+fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> String {
+    let message = without_aliases(err.message());
+    let location = err
+        .span()
+        .filter(|span| *span != (0..0))
+        .and_then(|span| text.get(..span.start))
+        .map(|before| {
+            let line = before.matches('\n').count() + 1;
+            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+            let column = before[line_start..].chars().count() + 1;
+            let line_text = text[line_start..].lines().next().unwrap_or("").trim();
+            (line, column, line_text)
+        });
+    match location {
+        Some((line, column, line_text)) if !line_text.is_empty() => format!(
+            "{}:{line}:{column}: {message}: `{line_text}`",
+            path.display(),
+        ),
+        Some((line, column, _)) => format!("{}:{line}:{column}: {message}", path.display()),
+        None => format!("{}: {message}", path.display()),
+    }
+}
+
+/// serde lists every accepted key for an unknown one, snake_case aliases too; the kebab-case
+/// names are enough.
+fn without_aliases(message: &str) -> String {
+    match message.split_once(", expected one of ") {
+        Some((head, keys)) if head.starts_with("unknown field") => {
+            let keys: Vec<&str> = keys.split(", ").filter(|key| !key.contains('_')).collect();
+            format!("{head}, expected one of {}", keys.join(", "))
+        }
+        _ => message.to_owned(),
+    }
+}
+
+/// `base.join(path)`, made absolute and tidied (`.` and doubled `/` removed, `..` kept: the
+/// path need not exist, so symlinks cannot be resolved).
+fn absolute(base: &Path, path: &Path) -> PathBuf {
+    let joined = base.join(path);
+    std::path::absolute(&joined).unwrap_or(joined)
+}
+
+fn path_setting(path: &Path, origin: Origin, cwd: &Path, name: &str) -> Result<PathBuf, String> {
+    if path.as_os_str().is_empty() {
+        return Err(origin.error(name, "the path is empty"));
+    }
+    Ok(absolute(origin.base(cwd), path))
+}
+
+fn allowed_root(root: &Path, origin: Origin, cwd: &Path) -> Result<PathBuf, String> {
+    let path = path_setting(root, origin, cwd, "allow-path")?;
+    // Canonical, so that the containment check on client paths compares like with like.
+    let canonical = path
+        .canonicalize()
+        .map_err(|e| origin.error("allow-path", format_args!("{}: {e}", path.display())))?;
+    if !canonical.is_dir() {
+        return Err(origin.error(
+            "allow-path",
+            format_args!("{} is not a directory", path.display()),
+        ));
+    }
+    Ok(canonical)
+}
+
+fn at_least_one(value: u64, origin: Origin, name: &str) -> Result<(), String> {
+    if value == 0 {
+        return Err(origin.error(name, "must be at least 1, got 0"));
+    }
+    Ok(())
+}
+
+fn check_log_filter(spec: &str) -> Result<(), String> {
+    if spec.is_empty() {
+        return Err("the filter is empty (try `info`)".to_owned());
+    }
+    tracing_subscriber::EnvFilter::try_new(spec)
+        .map(drop)
+        .map_err(|e| format!("`{spec}` is not a log filter: {e}"))
+}
+
+/// A host allowed for remote includes: a bare name, optionally with a port, lower-cased
+/// because host names compare case-insensitively.
+fn include_host(host: &str) -> Result<String, String> {
+    let host = host.trim();
+    if host.is_empty() {
+        return Err("the host name is empty".to_owned());
+    }
+    if host.contains("://")
+        || host.contains(['/', '?', '#', '@'])
+        || host.contains(char::is_whitespace)
+    {
+        return Err(format!(
+            "`{host}` is not a host name (give just the host, like `raw.githubusercontent.com`)"
+        ));
+    }
+    Ok(host.to_ascii_lowercase())
+}
+
+/// `HOST:PORT` (an IP literal, or a name resolved now, first address) or `unix:PATH`.
+fn parse_listen(text: &str, base: &Path) -> Result<Listen, String> {
+    let text = text.trim();
+    if let Some(path) = text.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err("the socket path after `unix:` is missing".to_owned());
+        }
+        return Ok(Listen::Unix(absolute(base, Path::new(path))));
+    }
+    // An IP literal needs no resolver.
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(Listen::Tcp(addr));
+    }
+    let expected = "expected HOST:PORT (like 127.0.0.1:8325) or unix:/path/to.sock";
+    match text.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .map(Listen::Tcp)
+            .ok_or_else(|| format!("`{text}` resolves to no address")),
+        Err(e) => Err(format!("`{text}`: {e}; {expected}")),
+    }
+}
+
+/// A duration: a whole number with an optional unit, `ms`, `s` (the default), `m` or `h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let invalid =
+        || format!("`{text}` is not a duration (expected seconds, or like 500ms, 30s, 2m, 1h)");
+    if digits.is_empty() {
+        return Err(invalid());
+    }
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is too long a duration"))?;
+    let scaled = |factor: u64| {
+        n.checked_mul(factor)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("`{text}` is too long a duration"))
+    };
+    match unit.trim_start() {
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "m" => scaled(60),
+        "h" => scaled(60 * 60),
+        _ => Err(invalid()),
+    }
+}
+
+/// Installs the global log subscriber, writing to stderr. Does nothing if one is already
+/// installed (tests, or an embedding program that set up its own).
+pub fn init_logging(config: &ServeConfig) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level).map_err(|e| {
+        format!(
+            "--log-level: `{}` is not a log filter: {e}",
+            config.log_level
+        )
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr);
+    // The only failure left is "a subscriber is already set", which is fine.
+    let _ = match config.log_format {
+        // Colours only for a person watching; escape codes would litter log files.
+        LogFormat::Text => builder.with_ansi(io::stderr().is_terminal()).try_init(),
+        LogFormat::Json => builder.with_ansi(false).json().try_init(),
+    };
+    Ok(())
+}
+
+/// A bound listening socket. Print [`Bound::display`] once bound (port 0 picks a free port),
+/// then serve [`Bound::into_incoming`] with tonic's `serve_with_incoming_shutdown`, or match
+/// the variants to serve tonic's own stream types.
+#[derive(Debug)]
+pub enum Bound {
+    Tcp(TcpListenerStream, SocketAddr),
+    Unix(UnixListenerStream, PathBuf),
+}
+
+impl Bound {
+    /// The address clients connect to: `127.0.0.1:PORT` or `unix:/path`.
+    pub fn display(&self) -> String {
+        self.listen().to_string()
+    }
+
+    /// What was bound, with the actual port for TCP.
+    pub fn listen(&self) -> Listen {
+        match self {
+            Bound::Tcp(_, addr) => Listen::Tcp(*addr),
+            Bound::Unix(_, path) => Listen::Unix(path.clone()),
+        }
+    }
+
+    /// One stream of accepted connections for either kind of socket.
+    pub fn into_incoming(self) -> Incoming {
+        Incoming {
+            listener: self,
+            pause: None,
+        }
+    }
+}
+
+/// Opens the listening socket. For a Unix socket: creates its directory, replaces a stale
+/// socket file left by an engine that died (but not one a live process still answers on, nor
+/// a file that is not a socket), and makes the socket owner-only (mode 0600).
+pub async fn bind(listen: &Listen) -> io::Result<Bound> {
+    match listen {
+        Listen::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let local = listener.local_addr()?;
+            Ok(Bound::Tcp(TcpListenerStream::new(listener), local))
+        }
+        Listen::Unix(path) => {
+            use std::os::unix::fs::PermissionsExt;
+            remove_stale_socket(path)?;
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let listener = tokio::net::UnixListener::bind(path)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            Ok(Bound::Unix(UnixListenerStream::new(listener), path.clone()))
+        }
+    }
+}
+
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        ));
+    }
+    // Refused means nobody is listening: the file is left over from a process that died.
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "{}: another process is listening on this socket",
+                path.display()
+            ),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path),
+        Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    }
+}
+
+/// How long accepting pauses after an error such as running out of file descriptors: tonic
+/// retries at once, which would spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Accepted connections of a [`Bound`] socket, for tonic's `serve_with_incoming_shutdown`.
+/// Each connection's [`ConnInfo`] is in the request extensions; tonic's
+/// `Request::remote_addr` does not see it (it looks for `TcpConnectInfo` only).
+pub struct Incoming {
+    listener: Bound,
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Stream for Incoming {
+    type Item = io::Result<Conn>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(pause) = &mut this.pause {
+            ready!(pause.as_mut().poll(cx));
+            this.pause = None;
+        }
+        let polled = match &mut this.listener {
+            Bound::Tcp(listener, _) => Pin::new(listener).poll_next(cx).map_ok(|stream| {
+                // gRPC sends many small frames; Nagle's algorithm would delay them.
+                let _ = stream.set_nodelay(true);
+                Conn::Tcp(stream)
+            }),
+            Bound::Unix(listener, _) => Pin::new(listener).poll_next(cx).map_ok(Conn::Unix),
+        };
+        if let Poll::Ready(Some(Err(e))) = &polled
+            && !is_connection_error(e)
+        {
+            tracing::warn!(error = %e, "cannot accept connections; retrying shortly");
+            this.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_ERROR_PAUSE)));
+        }
+        polled
+    }
+}
+
+/// Errors that concern one connection only, so accepting the next can go on at once.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// An accepted connection.
+#[derive(Debug)]
+pub enum Conn {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// The peer of a [`Conn`], as tonic's `Connected` reports it.
+#[derive(Clone, Debug)]
+pub enum ConnInfo {
+    Tcp(TcpConnectInfo),
+    Unix(UdsConnectInfo),
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            Conn::Tcp(stream) => ConnInfo::Tcp(stream.connect_info()),
+            Conn::Unix(stream) => ConnInfo::Unix(stream.connect_info()),
+        }
+    }
+}
+
+/// Runs `$body` with `$s` bound to the pinned inner stream of either variant.
+macro_rules! with_stream {
+    ($conn:expr, $s:ident => $body:expr) => {
+        match $conn.get_mut() {
+            Conn::Tcp(stream) => {
+                let $s = Pin::new(stream);
+                $body
+            }
+            Conn::Unix(stream) => {
+                let $s = Pin::new(stream);
+                $body
+            }
+        }
+    };
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        with_stream!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        with_stream!(self, s => s.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        with_stream!(self, s => s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Tcp(stream) => stream.is_write_vectored(),
+            Conn::Unix(stream) => stream.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        with_stream!(self, s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        with_stream!(self, s => s.poll_shutdown(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A fresh directory under the system temp dir; short, because Unix socket paths are
+    /// limited to about 100 bytes.
+    fn temp_dir() -> PathBuf {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("trs-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn write_config(dir: &Path, text: &str) -> PathBuf {
+        let path = dir.join("trellis.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn with_config(path: &Path) -> ServeArgs {
+        ServeArgs {
+            config: Some(path.to_owned()),
+            ..ServeArgs::default()
+        }
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn defaults() {
+        let config = ServeArgs::default().resolve().unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            config.listen,
+            Listen::Tcp("127.0.0.1:8325".parse().unwrap())
+        );
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8325");
+        assert_eq!(config.data_dir, cwd.join(".trellis"));
+        assert!(config.plugin_dirs.is_empty());
+        assert!(config.bundled_plugins);
+        assert_eq!(config.log_level, "info");
+        assert_eq!(config.log_format, LogFormat::Text);
+        assert_eq!(config.max_parallel, 64);
+        assert_eq!(config.drain_timeout, Duration::from_secs(30));
+        assert!(config.allowed_roots.is_empty());
+        assert!(config.include_hosts.is_empty());
+        assert_eq!(config.max_include_bytes, 1 << 20);
+        assert_eq!(
+            config.max_input_size,
+            crate::document::DEFAULT_MAX_INPUT_BYTES
+        );
+        assert_eq!(config.lease_ttl, Duration::from_secs(30));
+        assert_eq!(config.event_retention, Duration::from_secs(30 * 86_400));
+    }
+
+    #[test]
+    fn flags_override_file_and_file_overrides_defaults() {
+        let dir = temp_dir();
+        let path = write_config(
+            &dir,
+            r#"
+listen = "127.0.0.1:9000"
+max-parallel = 4
+log_format = "json"          # snake_case works too
+drain-timeout = "2m"
+lease-ttl = 45
+no-bundled-plugins = true
+allow-include-host = ["Raw.GitHubUserContent.com"]
+max-include-bytes = 2048
+max-input-size = 4096
+event-retention-days = 7
+log-level = "warn,trellis=debug"
+"#,
+        );
+        let args = ServeArgs {
+            max_parallel: Some(8),
+            drain_timeout: Some(Duration::from_millis(500)),
+            ..with_config(&path)
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(config.max_parallel, 8);
+        assert_eq!(config.drain_timeout, Duration::from_millis(500));
+        assert_eq!(config.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(config.log_format, LogFormat::Json);
+        assert_eq!(config.lease_ttl, Duration::from_secs(45));
+        assert!(!config.bundled_plugins);
+        assert_eq!(config.include_hosts, ["raw.githubusercontent.com"]);
+        assert_eq!(config.max_include_bytes, 2048);
+        assert_eq!(config.max_input_size, 4096);
+        assert_eq!(config.event_retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(config.log_level, "warn,trellis=debug");
+
+        // An explicit `--no-bundled-plugins=false` beats the file.
+        let args = ServeArgs {
+            no_bundled_plugins: Some(false),
+            allow_include_hosts: vec!["example.com".into()],
+            ..with_config(&path)
+        };
+        let config = args.resolve().unwrap();
+        assert!(config.bundled_plugins);
+        assert_eq!(config.include_hosts, ["example.com"]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn relative_paths_follow_their_source() {
+        let dir = temp_dir();
+        std::fs::create_dir(dir.join("blueprints")).unwrap();
+        let path = write_config(
+            &dir,
+            r#"
+data-dir = "state"
+plugin-dir = ["plugins", "/opt/trellis/plugins"]
+allow-path = ["./blueprints"]
+listen = "unix:run/engine.sock"
+"#,
+        );
+        let config = with_config(&path).resolve().unwrap();
+        assert_eq!(config.data_dir, dir.join("state"));
+        assert_eq!(
+            config.plugin_dirs,
+            [dir.join("plugins"), PathBuf::from("/opt/trellis/plugins")]
+        );
+        assert_eq!(
+            config.allowed_roots,
+            [dir.join("blueprints").canonicalize().unwrap()]
+        );
+        assert_eq!(config.listen, Listen::Unix(dir.join("run/engine.sock")));
+        assert_eq!(
+            config.listen.to_string(),
+            format!("unix:{}", dir.join("run/engine.sock").display())
+        );
+
+        // From flags or the environment, relative to the working directory.
+        let cwd = std::env::current_dir().unwrap();
+        let args = ServeArgs {
+            data_dir: Some("./here".into()),
+            plugin_dirs: vec!["p".into()],
+            listen: Some("unix:e.sock".into()),
+            ..with_config(&path)
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(config.data_dir, cwd.join("here"));
+        assert_eq!(config.plugin_dirs, [cwd.join("p")]);
+        assert_eq!(config.listen, Listen::Unix(cwd.join("e.sock")));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn listen_addresses() {
+        let base = Path::new("/srv");
+        assert_eq!(
+            parse_listen("[::1]:0", base).unwrap(),
+            Listen::Tcp("[::1]:0".parse().unwrap())
+        );
+        assert!(matches!(
+            parse_listen("localhost:8325", base).unwrap(),
+            Listen::Tcp(addr) if addr.port() == 8325 && addr.ip().is_loopback()
+        ));
+        assert_eq!(
+            parse_listen("unix:/run/trellis.sock", base).unwrap(),
+            Listen::Unix("/run/trellis.sock".into())
+        );
+        assert_eq!(
+            parse_listen("unix:///run/trellis.sock", base).unwrap(),
+            Listen::Unix("/run/trellis.sock".into())
+        );
+        assert!(parse_listen("unix:", base).unwrap_err().contains("missing"));
+        assert!(parse_listen("localhost", base).is_err());
+        assert!(parse_listen("127.0.0.1:99999", base).is_err());
+    }
+
+    #[track_caller]
+    fn resolve_err(args: ServeArgs) -> String {
+        args.resolve().expect_err("should be refused")
+    }
+
+    #[test]
+    fn file_errors_name_the_file_and_the_key() {
+        let dir = temp_dir();
+        let path = write_config(&dir, "listen = \"127.0.0.1:1\"\nmax-paralel = 3\n");
+        let err = resolve_err(with_config(&path));
+        assert!(
+            err.starts_with(&format!("{}:2:1: ", path.display())),
+            "{err}"
+        );
+        assert!(err.contains("unknown field `max-paralel`"), "{err}");
+        assert!(
+            err.contains("`max-parallel`") && !err.contains("`max_parallel`"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
+
+        let path = write_config(&dir, "max-parallel = \"many\"\n");
+        let err = resolve_err(with_config(&path));
+        assert!(err.contains("trellis.toml:1:16: "), "{err}");
+        assert!(err.contains("`max-parallel = \"many\"`"), "{err}");
+
+        let path = write_config(&dir, "drain-timeout = \"soon\"\n");
+        let err = resolve_err(with_config(&path));
+        assert!(err.contains("`soon` is not a duration"), "{err}");
+        assert!(err.contains("drain-timeout"), "{err}");
+
+        let path = write_config(&dir, "lease-ttl = -5\n");
+        assert!(resolve_err(with_config(&path)).contains("lease-ttl"));
+
+        let path = write_config(&dir, "max-parallel = 0\n");
+        let err = resolve_err(with_config(&path));
+        assert_eq!(
+            err,
+            format!(
+                "`max-parallel` in {}: must be at least 1, got 0",
+                path.display()
+            )
+        );
+
+        let path = write_config(&dir, "listen = \"nowhere\"\n");
+        let err = resolve_err(with_config(&path));
+        assert!(err.starts_with("`listen` in "), "{err}");
+
+        let path = write_config(&dir, "allow-path = [\"missing\"]\n");
+        let err = resolve_err(with_config(&path));
+        assert!(err.starts_with("`allow-path` in "), "{err}");
+        assert!(
+            err.contains(&dir.join("missing").display().to_string()),
+            "{err}"
+        );
+
+        let missing = dir.join("nope.toml");
+        let err = resolve_err(with_config(&missing));
+        assert!(err.contains("cannot read config file"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn flag_errors_name_the_flag_and_env() {
+        let err = resolve_err(ServeArgs {
+            max_parallel: Some(0),
+            ..ServeArgs::default()
+        });
+        assert_eq!(
+            err,
+            "--max-parallel (or TRELLIS_MAX_PARALLEL): must be at least 1, got 0"
+        );
+        let err = resolve_err(ServeArgs {
+            listen: Some("127.0.0.1".into()),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("--listen (or TRELLIS_LISTEN): "), "{err}");
+        let err = resolve_err(ServeArgs {
+            log_level: Some("trellis=loud".into()),
+            ..ServeArgs::default()
+        });
+        assert!(
+            err.starts_with("--log-level (or TRELLIS_LOG_LEVEL): "),
+            "{err}"
+        );
+        let err = resolve_err(ServeArgs {
+            allow_include_hosts: vec!["https://example.com/x".into()],
+            ..ServeArgs::default()
+        });
+        assert!(err.contains("not a host name"), "{err}");
+        let err = resolve_err(ServeArgs {
+            lease_ttl: Some(Duration::ZERO),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("--lease-ttl"), "{err}");
+    }
+
+    #[test]
+    fn command_line_parsing() {
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--listen=127.0.0.1:0",
+            "--plugin-dir",
+            "a:b",
+            "--plugin-dir=c",
+            "--no-bundled-plugins",
+            "--drain-timeout",
+            "500ms",
+            "--log-format",
+            "json",
+            "--allow-include-host",
+            "a.example,b.example",
+        ])
+        .unwrap();
+        let args = cli.serve;
+        assert_eq!(
+            args.plugin_dirs,
+            [Path::new("a"), Path::new("b"), Path::new("c")]
+        );
+        assert_eq!(args.no_bundled_plugins, Some(true));
+        assert_eq!(args.drain_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(args.log_format, Some(LogFormat::Json));
+        assert_eq!(args.allow_include_hosts, ["a.example", "b.example"]);
+
+        let cli = Cli::try_parse_from(["serve", "--no-bundled-plugins=false"]).unwrap();
+        assert_eq!(cli.serve.no_bundled_plugins, Some(false));
+        assert!(Cli::try_parse_from(["serve", "--drain-timeout", "3x"]).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        let ok = |text: &str| parse_duration(text).unwrap();
+        assert_eq!(ok("30"), Duration::from_secs(30));
+        assert_eq!(ok("30s"), Duration::from_secs(30));
+        assert_eq!(ok("2m"), Duration::from_secs(120));
+        assert_eq!(ok("1h"), Duration::from_secs(3600));
+        assert_eq!(ok("500ms"), Duration::from_millis(500));
+        assert_eq!(ok(" 0 "), Duration::ZERO);
+        assert_eq!(ok("5 s"), Duration::from_secs(5));
+        for bad in ["", "s", "-1", "1.5s", "3d", "30sec", "99999999999999999999"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_duration(&format!("{}h", u64::MAX / 60)).is_err());
+    }
+
+    #[test]
+    fn logging_refuses_a_bad_filter() {
+        // Only the failing path: installing the global subscriber here would make every other
+        // test in this binary log to stderr.
+        let mut config = ServeArgs::default().resolve().unwrap();
+        config.log_level = "trellis=loud".into();
+        let err = init_logging(&config).unwrap_err();
+        assert!(err.contains("not a log filter"), "{err}");
+    }
+
+    /// Checks the engine's gRPC plumbing end to end: tonic serves health on our
+    /// [`Incoming`], and a client reaches it.
+    async fn serve_health_and_check(
+        bound: Bound,
+        channel: impl AsyncFnOnce() -> tonic::transport::Channel,
+    ) {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let (_reporter, service) = tonic_health::server::health_reporter();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(bound.into_incoming(), async {
+                    let _ = stopped.await;
+                }),
+        );
+        let reply = HealthClient::new(channel().await)
+            .check(HealthCheckRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.status(), ServingStatus::Serving);
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn bind_tcp_port_zero() {
+        let bound = bind(&Listen::Tcp("127.0.0.1:0".parse().unwrap()))
+            .await
+            .unwrap();
+        let Listen::Tcp(addr) = bound.listen() else {
+            panic!("not tcp")
+        };
+        assert_ne!(addr.port(), 0);
+        assert_eq!(bound.display(), format!("127.0.0.1:{}", addr.port()));
+        serve_health_and_check(bound, async || {
+            tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap()
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn bind_unix_socket() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let dir = temp_dir();
+        let path = dir.join("sub/e.sock");
+        let listen = Listen::Unix(path.clone());
+
+        // Not a socket: left alone.
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, "data").unwrap();
+        let err = bind(&listen).await.unwrap_err();
+        assert!(err.to_string().contains("is not a socket"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+
+        // A stale socket (nobody listening) is replaced.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let bound = bind(&listen).await.unwrap();
+        assert_eq!(bound.display(), format!("unix:{}", path.display()));
+        let meta = std::fs::metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+
+        // A live one is not.
+        let err = bind(&listen).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+
+        let socket = path.clone();
+        serve_health_and_check(bound, async move || {
+            tonic::transport::Endpoint::from_static("http://engine.invalid")
+                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let socket = socket.clone();
+                    async move {
+                        let stream = UnixStream::connect(socket).await?;
+                        Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(stream))
+                    }
+                }))
+                .await
+                .unwrap()
+        })
+        .await;
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -127,6 +127,9 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         health
             .set_not_serving::<trellis_proto::engine::v1::engine_server::EngineServer<api::EngineApi>>()
             .await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
         signal_engine.drain(drain_timeout).await;
         signal_shutdown.cancel();
     });
@@ -135,21 +138,16 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(engine_service);
-    let stop = shutdown.clone();
-    let result = match bound {
-        Bound::Tcp(incoming, _) => {
-            router
-                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-                .await
-        }
-        Bound::Unix(incoming, ref path) => {
-            let r = router
-                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-                .await;
-            let _ = std::fs::remove_file(path);
-            r
-        }
+    let unix_socket = match &bound {
+        Bound::Unix(_, path) => Some(path.clone()),
+        Bound::Tcp(..) => None,
     };
+    let result = router
+        .serve_with_incoming_shutdown(bound.into_incoming(), shutdown.clone().cancelled_owned())
+        .await;
+    if let Some(path) = unix_socket {
+        let _ = std::fs::remove_file(path);
+    }
     host.shutdown().await;
     tracing::info!("engine stopped");
     result.map_err(|e| format!("server: {e}"))

@@ -17,6 +17,7 @@ mod schema;
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -76,6 +77,10 @@ pub struct SqliteStore {
 // Field order is drop order: connections close (checkpointing the WAL) before the lock goes.
 struct Inner {
     writer: Mutex<Connection>,
+    /// Units of work waiting for the writer (see `write`).
+    queue: Mutex<Vec<Job>>,
+    /// A drain of `queue` is scheduled or running.
+    drain_scheduled: AtomicBool,
     readers: Mutex<Vec<Connection>>,
     notifier: Notifier,
     options: SqliteOptions,
@@ -131,6 +136,8 @@ impl SqliteStore {
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 writer: Mutex::new(writer),
+                queue: Mutex::new(Vec::new()),
+                drain_scheduled: AtomicBool::new(false),
                 readers: Mutex::new(Vec::new()),
                 notifier: Notifier::default(),
                 options,
@@ -148,32 +155,40 @@ impl SqliteStore {
         self.inner.lock.path()
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction on the writer and commits if it returns
-    /// `Ok`; then wakes the watchers of every instance that got events.
+    /// Runs `f` as one unit of work on the writer and returns once it is durable; then wakes the
+    /// watchers of every instance that got events.
+    ///
+    /// Group commit: units queued while the writer is busy run together in one `BEGIN
+    /// IMMEDIATE` transaction, each inside its own savepoint (a unit that fails is rolled back
+    /// alone and reports its error), and share one `COMMIT`, so one fsync covers many units.
+    /// Units still run one after another in queue order, so every check a unit makes (fencing,
+    /// transitions, versions, sequence numbers) sees the units before it, exactly as with a
+    /// transaction each. A unit's result is delivered only after the shared commit succeeded.
     async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Tx<'_>) -> Result<T> + Send + 'static,
     {
-        let inner = self.inner.clone();
-        let (out, appended) = blocking(move || {
-            let mut conn = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut w = Tx {
-                tx: &tx,
-                now: inner.options.clock.now(),
-                appended: Vec::new(),
-            };
-            let out = f(&mut w)?;
-            let appended = std::mem::take(&mut w.appended);
-            tx.commit()?;
-            Ok((out, appended))
-        })
-        .await?;
-        for (instance_id, last_seq) in appended {
-            self.inner.notifier.notify(&instance_id, last_seq);
+        let (send, recv) = tokio::sync::oneshot::channel::<Result<T>>();
+        let job: Job = Box::new(move |w: &mut Tx<'_>| {
+            let result = f(w);
+            let ok = result.is_ok();
+            let deliver: Deliver = Box::new(move |committed: Result<()>| {
+                let _ = send.send(committed.and(result));
+            });
+            (ok, deliver)
+        });
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(job);
+        if !self.inner.drain_scheduled.swap(true, Ordering::SeqCst) {
+            let inner = self.inner.clone();
+            tokio::task::spawn_blocking(move || drain(&inner));
         }
-        Ok(out)
+        recv.await
+            .map_err(|_| StateError::Db("state writer stopped".into()))?
     }
 
     /// Runs `f` in one read transaction (a consistent snapshot) on a pooled read connection.
@@ -210,6 +225,91 @@ impl SqliteStore {
             result
         })
         .await
+    }
+}
+
+/// A queued unit of work: runs on the writer's transaction and returns whether it succeeded and
+/// how to deliver its result once the batch's commit is known.
+type Job = Box<dyn FnOnce(&mut Tx<'_>) -> (bool, Deliver) + Send>;
+type Deliver = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// Runs queued units in batches until the queue is empty (see `SqliteStore::write`).
+fn drain(inner: &Inner) {
+    let mut conn = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let batch = {
+            let mut q = inner.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            if q.is_empty() {
+                // Cleared under the queue lock: a unit pushed after this sees `false` and
+                // schedules a new drain; one pushed before is in the queue we just saw.
+                inner.drain_scheduled.store(false, Ordering::SeqCst);
+                return;
+            }
+            std::mem::take(&mut *q)
+        };
+        let (delivers, appended, committed) = run_batch(&mut conn, inner, batch);
+        for d in delivers {
+            d(committed.clone());
+        }
+        if committed.is_ok() {
+            for (instance_id, last_seq) in appended {
+                inner.notifier.notify(&instance_id, last_seq);
+            }
+        }
+    }
+}
+
+type BatchOutcome = (Vec<Deliver>, Vec<(String, u64)>, Result<()>);
+
+fn run_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Job>) -> BatchOutcome {
+    let mut delivers = Vec::with_capacity(batch.len());
+    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            // Nothing ran; dropping the units tells their callers the writer failed.
+            tracing::error!(error = %e, "state store: cannot begin a write transaction");
+            drop(batch);
+            return (Vec::new(), Vec::new(), Err(StateError::from(e)));
+        }
+    };
+    let mut w = Tx {
+        tx: &tx,
+        now: inner.options.clock.now(),
+        appended: Vec::new(),
+    };
+    for job in batch {
+        let mark = w.appended.len();
+        if let Err(e) = w.tx.execute_batch("SAVEPOINT unit") {
+            tracing::error!(error = %e, "state store: cannot open a savepoint");
+            drop(job);
+            continue;
+        }
+        // A panicking unit (a bug) must not take the writer down with it: it is rolled back
+        // and its caller sees the writer error.
+        let (ok, deliver) =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut w))) {
+                Ok(r) => r,
+                Err(_) => (false, Box::new(|_: Result<()>| {}) as Deliver),
+            };
+        let closed = if ok {
+            w.tx.execute_batch("RELEASE unit")
+        } else {
+            // The unit's writes go; the batch goes on.
+            w.appended.truncate(mark);
+            w.tx.execute_batch("ROLLBACK TO unit; RELEASE unit")
+        };
+        delivers.push(deliver);
+        if let Err(e) = closed {
+            drop(w);
+            let _ = tx.rollback();
+            return (delivers, Vec::new(), Err(StateError::from(e)));
+        }
+    }
+    let appended = std::mem::take(&mut w.appended);
+    drop(w);
+    match tx.commit() {
+        Ok(()) => (delivers, appended, Ok(())),
+        Err(e) => (delivers, Vec::new(), Err(StateError::from(e))),
     }
 }
 
