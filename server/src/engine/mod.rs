@@ -1148,17 +1148,20 @@ fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
     }
 }
 
-/// Differences between a recorded spec and one a provider reports (secrets masked).
+/// Differences between a recorded spec and one a provider reports (secrets masked). Fields
+/// the recorded spec does not set (provider defaults, computed fields) are not drift.
 fn drift_fields(recorded: &Json, observed: &Json) -> Vec<diff::FieldChange> {
     let plain = state_values::unwrap(recorded);
     let new = crate::eval::value::Value::from_json(observed);
     let masked = state_values::mask_like(observed, recorded);
-    diff::diff_spec(
+    let mut fields = diff::diff_spec(
         Some(&plain),
         &new,
         masked.as_ref(),
         &diff::RecreatePaths::default(),
-    )
+    );
+    fields.retain(|f| f.previous.is_some());
+    fields
 }
 
 /// How an operation's body ended.
