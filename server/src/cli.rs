@@ -54,6 +54,18 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Provider and transformer plugins: list them, call a provider function.
     Plugins(crate::cli::cli_plugins::PluginsArgs),
+    /// Run the engine daemon: the engine API over gRPC (with health and reflection), state in
+    /// the data directory (SQLite), plugins discovered next to `trellis` and in --plugin-dir.
+    ///
+    /// Settings come from flags, TRELLIS_* environment variables and an optional TOML file
+    /// (--config), in that order of precedence; docs/serve.md lists them all. Prints
+    /// `trellis engine listening on ADDR` once it accepts connections. SIGTERM or SIGINT drains:
+    /// no new operations, running ones stop at a safe point within --drain-timeout (or are
+    /// marked interrupted), plugins stop, exit 0.
+    Serve(crate::serve::ServeArgs),
+    // Client commands (plan, deploy, destroy, instances, ...): their help is in cli_client.rs.
+    #[command(flatten)]
+    Client(crate::cli_client::ClientCommand),
 }
 
 #[path = "cli_plugins.rs"]
@@ -132,13 +144,19 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let command = match Cli::parse().command {
+        // The daemon configures its own logging (level and format are settings).
+        Command::Serve(args) => return crate::serve::run(args),
+        other => other,
+    };
     cli_plugins::init_tracing();
-    match cli.command {
+    match command {
         Command::Validate(args) => run_validate(&args),
         Command::Eval(args) => crate::cli_eval::run(&args),
         Command::Explain(args) => run_explain(&args),
         Command::Plugins(args) => cli_plugins::run(&args),
+        Command::Serve(args) => crate::serve::run(args),
+        Command::Client(command) => crate::cli_client::run(command),
     }
 }
 
@@ -242,7 +260,7 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
         };
         let host = crate::plugins::PluginHost::new(args.plugins.host_config());
         {
-            let plugins = crate::check::PluginContext::load(&host, &rt);
+            let plugins = crate::check::PluginContext::load(&host, rt.handle().clone());
             for (path, bytes) in inputs {
                 crate::check::validate_source(
                     &mut report.sources,

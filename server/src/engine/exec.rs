@@ -661,8 +661,14 @@ pub fn destroy_all(ctx: &Arc<RunContext>, resources: &[&Resource]) -> (Outcome, 
 }
 
 /// Undoes `done` in reverse: deletes what was created, re-applies the previous spec of what
-/// was updated or recreated, creates again what was deleted. Returns the first error.
-pub fn rollback(ctx: &Arc<RunContext>, done: &[Done]) -> Result<(), String> {
+/// was updated or recreated, creates again what was deleted; then removes what failed half-way
+/// and was not there `before` (a failed create's record, or what a partial create left).
+/// Returns the first error.
+pub fn rollback(
+    ctx: &Arc<RunContext>,
+    done: &[Done],
+    before: &InstanceState,
+) -> Result<(), String> {
     let inst = ctx.operation.instance_id.clone();
     let mut first_error = None;
     for d in done.iter().rev() {
@@ -735,6 +741,40 @@ pub fn rollback(ctx: &Arc<RunContext>, done: &[Done]) -> Result<(), String> {
         {
             first_error = Some(e);
         }
+    }
+    let leftovers = ctx.rt.block_on(async {
+        let state = ctx
+            .store
+            .load_state(&inst)
+            .await
+            .map_err(|e| e.to_string())?;
+        for r in state
+            .resources
+            .iter()
+            .filter(|r| before.resource(&r.name).is_none())
+        {
+            if r.status == crate::state::ResourceStatus::CreateFailed {
+                ctx.commit(
+                    vec![Change::ResourceRemoved {
+                        name: r.name.clone(),
+                    }],
+                    vec![NewEvent::new(
+                        "resource.forgotten",
+                        json!({ "resource": r.name, "reason": "its create failed; rolled back" }),
+                    )],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            } else {
+                destroy(ctx, &inst, r).await?;
+            }
+        }
+        Ok::<(), String>(())
+    });
+    if let Err(e) = leftovers
+        && first_error.is_none()
+    {
+        first_error = Some(e);
     }
     match first_error {
         None => Ok(()),
@@ -870,10 +910,7 @@ pub async fn reconcile_one(
                     recreate(ctx).await
                 }
                 super::provision::Observed::Exists { spec, state } => {
-                    let drifted = !super::diff::unchanged(
-                        &super::state_values::unwrap(&r.spec),
-                        &crate::eval::value::Value::from_json(&spec),
-                    );
+                    let drifted = !super::drift_fields(&r.spec, &spec).is_empty();
                     let unsettled = matches!(r.status, S::UpdateRequested | S::UpdateFailed);
                     if !drifted && !unsettled {
                         return Ok(());

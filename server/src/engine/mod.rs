@@ -794,7 +794,7 @@ impl Engine {
                     )],
                 );
                 // Rollback must run to the end even though the run was asked to stop.
-                let status = match exec::rollback(ctx, &done) {
+                let status = match exec::rollback(ctx, &done, &before) {
                     Ok(()) => InstanceStatus::RollbackComplete,
                     Err(e) => {
                         tracing::error!(operation = %ctx.operation.id, error = %e, "rollback failed");
@@ -1150,7 +1150,7 @@ fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
 
 /// Differences between a recorded spec and one a provider reports (secrets masked). Fields
 /// the recorded spec does not set (provider defaults, computed fields) are not drift.
-fn drift_fields(recorded: &Json, observed: &Json) -> Vec<diff::FieldChange> {
+pub(crate) fn drift_fields(recorded: &Json, observed: &Json) -> Vec<diff::FieldChange> {
     let plain = state_values::unwrap(recorded);
     let new = crate::eval::value::Value::from_json(observed);
     let masked = state_values::mask_like(observed, recorded);

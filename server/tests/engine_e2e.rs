@@ -1,0 +1,696 @@
+//! End to end: the real `trellis serve` binary with the real `local` and `sim` plugins, driven
+//! by the real CLI (and, for watch resumption, a raw gRPC client).
+
+mod plugins_common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use plugins_common::{TempDir, workspace_binary};
+use serde_json::Value;
+
+/// A running engine on a free port with its own data directory; killed on drop.
+struct Engine {
+    child: Child,
+    addr: String,
+    root: PathBuf,
+    plugins: PathBuf,
+    data: PathBuf,
+}
+
+fn plugin_dir(root: &Path) -> PathBuf {
+    let dir = root.join("plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (package, bin) in [
+        ("trellis-provider-local", "trellis-provider-local"),
+        ("trellis-provider-sim", "trellis-provider-sim"),
+    ] {
+        let path = workspace_binary(package, bin, "TRELLIS_TEST_NONE");
+        let link = dir.join(bin);
+        if !link.exists() {
+            std::os::unix::fs::symlink(path, link).unwrap();
+        }
+    }
+    dir
+}
+
+impl Engine {
+    fn start(root: &TempDir) -> Engine {
+        Engine::start_with(root.path(), &[])
+    }
+
+    fn start_with(root: &Path, extra: &[&str]) -> Engine {
+        Engine::start_env(root, extra, &[])
+    }
+
+    fn start_env(root: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Engine {
+        let plugins = plugin_dir(root);
+        let data = root.join("data");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--no-bundled-plugins"])
+            .arg("--plugin-dir")
+            .arg(&plugins)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(extra)
+            .current_dir(root)
+            .env("TRELLIS_LOG_LEVEL", "warn")
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start trellis serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(a) = line.strip_prefix("trellis engine listening on ") {
+                        break a.trim().to_owned();
+                    }
+                }
+                _ => panic!("trellis serve exited before listening"),
+            }
+        };
+        // Keep draining stdout so the engine never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Engine {
+            child,
+            addr,
+            root: root.to_path_buf(),
+            plugins,
+            data,
+        }
+    }
+
+    /// Runs a client command against this engine.
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .args(args)
+            .args(["--engine", &self.addr])
+            .current_dir(&self.root)
+            .output()
+            .expect("run trellis")
+    }
+
+    fn json(&self, args: &[&str]) -> (i32, Value) {
+        let mut all = args.to_vec();
+        all.extend(["--format", "json"]);
+        let out = self.cli(&all);
+        let code = out.status.code().unwrap_or(-1);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+            panic!(
+                "{args:?}: not JSON ({e}); exit {code}\nstdout: {text}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (code, v)
+    }
+
+    fn instance(&self, name: &str) -> Value {
+        let (code, v) = self.json(&["instance", name]);
+        assert_eq!(code, 0, "{v}");
+        v
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    fn terminate(&mut self) -> Option<i32> {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+const APP_V1: &str = r#"
+version: 2023-04-20
+variables:
+  greeting:
+    type: string
+    default: hello
+resources:
+  dir:
+    type: local/directory
+    spec:
+      path: out
+  config:
+    type: local/file
+    spec:
+      path: ${resources.dir.spec.path}/config.txt
+      content: "${variables.greeting}, world"
+  notes:
+    type: local/file
+    spec:
+      path: ${resources.dir.spec.path}/notes.txt
+      content: first
+exports:
+  configPath:
+    type: string
+    field: resources.config.spec.path
+"#;
+
+/// v2: config's content changes (update), notes moves (recreate), extra is new.
+const APP_V2: &str = r#"
+version: 2023-04-20
+variables:
+  greeting:
+    type: string
+    default: hello
+resources:
+  dir:
+    type: local/directory
+    spec:
+      path: out
+  config:
+    type: local/file
+    spec:
+      path: ${resources.dir.spec.path}/config.txt
+      content: "${variables.greeting}, trellis"
+  notes:
+    type: local/file
+    spec:
+      path: ${resources.dir.spec.path}/notes-v2.txt
+      content: first
+  extra:
+    type: local/file
+    spec:
+      path: ${resources.dir.spec.path}/extra.txt
+      content: new
+exports:
+  configPath:
+    type: string
+    field: resources.config.spec.path
+"#;
+
+fn resource_names(plan: &Value) -> Vec<(String, String)> {
+    plan["changeSet"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_owned(),
+                r["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn deploy_change_and_destroy_local_resources() {
+    let root = TempDir::new("e2e-local");
+    let engine = Engine::start(&root);
+    write(&root.join("app.yaml"), APP_V1);
+
+    // First plan: everything is new.
+    let (code, plan) = engine.json(&["plan", "app.yaml", "--instance", "app"]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(
+        resource_names(&plan),
+        [
+            ("dir".into(), "CREATE".into()),
+            ("config".into(), "CREATE".into()),
+            ("notes".into(), "CREATE".into())
+        ]
+    );
+
+    let (code, out) = engine.json(&["deploy", "app.yaml", "--instance", "app"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out["operation"]["status"], "SUCCEEDED", "{out}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("out/config.txt")).unwrap(),
+        "hello, world"
+    );
+    let inst = engine.instance("app");
+    assert_eq!(inst["status"], "DEPLOYED", "{inst}");
+    assert_eq!(inst["resources"]["config"]["status"], "CREATED");
+    assert_eq!(inst["resources"]["config"]["type"], "local/file");
+    assert_eq!(
+        inst["resources"]["config"]["spec"]["content"],
+        "hello, world"
+    );
+    assert_eq!(inst["exports"]["configPath"], "out/config.txt", "{inst}");
+
+    // Planning the same blueprint again changes nothing.
+    let (_, again) = engine.json(&["plan", "app.yaml", "--instance", "app"]);
+    assert!(
+        resource_names(&again).iter().all(|(_, a)| a == "NO_CHANGE"),
+        "{again}"
+    );
+
+    // The change: exact field diffs.
+    write(&root.join("app.yaml"), APP_V2);
+    let (code, plan) = engine.json(&["plan", "app.yaml", "--instance", "app"]);
+    assert_eq!(code, 0, "{plan}");
+    let resources = plan["changeSet"]["resources"].as_array().unwrap();
+    let by_name = |n: &str| resources.iter().find(|r| r["name"] == n).unwrap().clone();
+    assert_eq!(by_name("dir")["action"], "NO_CHANGE");
+    let config = by_name("config");
+    assert_eq!(config["action"], "UPDATE");
+    assert_eq!(
+        config["fields"],
+        serde_json::json!([{
+            "path": "spec.content",
+            "previous": "hello, world",
+            "new": "hello, trellis",
+            "mustRecreate": false
+        }]),
+        "{config}"
+    );
+    let notes = by_name("notes");
+    assert_eq!(notes["action"], "RECREATE", "{notes}");
+    assert_eq!(notes["fields"][0]["path"], "spec.path");
+    assert_eq!(notes["fields"][0]["mustRecreate"], true);
+    assert_eq!(by_name("extra")["action"], "CREATE");
+
+    let id = plan["changeSet"]["id"].as_str().unwrap().to_owned();
+    let (code, out) = engine.json(&["deploy", "--change-set", &id]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("out/config.txt")).unwrap(),
+        "hello, trellis"
+    );
+    assert!(!root.join("out/notes.txt").exists());
+    assert!(root.join("out/notes-v2.txt").exists());
+    assert!(root.join("out/extra.txt").exists());
+    assert_eq!(engine.instance("app")["status"], "UPDATED");
+
+    // The executed change set cannot run again.
+    let out = engine.cli(&["deploy", "--change-set", &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+
+    // A hand edit is drift (exit 3), named with the field.
+    write(&root.join("out/config.txt"), "edited by hand");
+    let (code, drift) = engine.json(&["drift", "--instance", "app"]);
+    assert_eq!(code, 3, "{drift}");
+    assert_eq!(drift["drifted"], true);
+    let drifted: Vec<&str> = drift["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(drifted, ["config"], "{drift}");
+    assert_eq!(drift["resources"][0]["fields"][0]["path"], "spec.content");
+    // Re-applying the recorded spec repairs it; then no drift.
+    let (code, out) = engine.json(&["reconcile", "--instance", "app", "--mode", "reapply"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("out/config.txt")).unwrap(),
+        "hello, trellis"
+    );
+    let (code, drift) = engine.json(&["drift", "--instance", "app"]);
+    assert_eq!(code, 0, "{drift}");
+
+    // Destroy leaves nothing on disk.
+    let (code, out) = engine.json(&["destroy", "--instance", "app"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!root.join("out").exists(), "out/ still exists");
+    let inst = engine.instance("app");
+    assert_eq!(inst["status"], "DESTROYED");
+    assert_eq!(inst["resources"], serde_json::json!({}));
+}
+
+fn sim_blueprint(fail: bool) -> String {
+    let mut s = String::from("version: 2023-04-20\nresources:\n");
+    for name in ["a", "b", "c"] {
+        s.push_str(&format!(
+            "  {name}:\n    type: sim/resource\n    spec:\n      latencyMs: 10\n      payload: v2-{name}\n"
+        ));
+    }
+    if fail {
+        s.push_str(
+            "  broken:\n    type: sim/resource\n    dependsOn: [a]\n    spec:\n      failOn: create\n      failClass: badInput\n",
+        );
+    }
+    s
+}
+
+#[test]
+fn failed_deploy_with_rollback_restores_the_previous_state() {
+    let root = TempDir::new("e2e-rollback");
+    let engine = Engine::start(&root);
+    let v1 = "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      payload: v1-a\n";
+    write(&root.join("sim.yaml"), v1);
+    let (code, out) = engine.json(&["deploy", "sim.yaml", "--instance", "s"]);
+    assert_eq!(code, 0, "{out}");
+    let before = engine.instance("s");
+
+    // v2 updates a, creates b and c, and one resource fails.
+    write(&root.join("sim.yaml"), &sim_blueprint(true));
+    let (code, out) = engine.json(&[
+        "deploy",
+        "sim.yaml",
+        "--instance",
+        "s",
+        "--rollback-on-failure",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(out["operation"]["status"], "FAILED", "{out}");
+    let after = engine.instance("s");
+    assert_eq!(after["status"], "ROLLBACK_COMPLETE", "{after}");
+    // Only a is left, with its v1 spec.
+    let names: Vec<&String> = after["resources"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["a"], "{after}");
+    assert_eq!(
+        after["resources"]["a"]["spec"],
+        before["resources"]["a"]["spec"]
+    );
+    assert_eq!(after["resources"]["a"]["spec"]["payload"], "v1-a");
+}
+
+#[test]
+fn two_clients_executing_at_once_run_exactly_one_operation() {
+    let root = TempDir::new("e2e-race");
+    let engine = Engine::start(&root);
+    let bp = "version: 2023-04-20\nresources:\n  slow:\n    type: sim/resource\n    spec:\n      latencyMs: 300\n";
+    write(&root.join("race.yaml"), bp);
+    let (_, p1) = engine.json(&["plan", "race.yaml", "--instance", "r"]);
+    let (_, p2) = engine.json(&["plan", "race.yaml", "--instance", "r"]);
+    let ids = [
+        p1["changeSet"]["id"].as_str().unwrap().to_owned(),
+        p2["changeSet"]["id"].as_str().unwrap().to_owned(),
+    ];
+    // Both change sets were planned against the same version; both clients start at once.
+    let handles: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let args = vec![
+                "deploy".to_owned(),
+                "--change-set".to_owned(),
+                id.clone(),
+                "--engine".to_owned(),
+                engine.addr.clone(),
+                "--format".to_owned(),
+                "json".to_owned(),
+            ];
+            let dir = engine.root.clone();
+            std::thread::spawn(move || {
+                Command::new(env!("CARGO_BIN_EXE_trellis"))
+                    .args(&args)
+                    .current_dir(dir)
+                    .output()
+                    .unwrap()
+            })
+        })
+        .collect();
+    let outs: Vec<Output> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = outs.iter().filter(|o| o.status.code() == Some(0)).count();
+    assert_eq!(ok, 1, "{:?}", outs.iter().map(stderr).collect::<Vec<_>>());
+    // The loser was refused, not run.
+    let out = engine.cli(&["events", "--instance", "r", "--format", "json"]);
+    let started = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("\"operation.started\""))
+        .count();
+    assert_eq!(started, 1);
+}
+
+/// `n` independent sim resources, each `latency` ms.
+fn many_sims(n: usize, latency: u64) -> String {
+    let mut s = String::from("version: 2023-04-20\nresources:\n");
+    for i in 0..n {
+        s.push_str(&format!(
+            "  r{i}:\n    type: sim/resource\n    spec:\n      latencyMs: {latency}\n"
+        ));
+    }
+    s
+}
+
+#[test]
+fn engine_killed_mid_deploy_loses_nothing_and_reconcile_recovers() {
+    let root = TempDir::new("e2e-kill");
+    let journal = root.join("journal.txt");
+    // Plugins inherit the engine's environment.
+    let env = [("TRELLIS_SIM_JOURNAL", journal.as_path())];
+    let mut engine = Engine::start_env(root.path(), &["--max-parallel", "8"], &env);
+    write(&root.join("many.yaml"), &many_sims(200, 40));
+    let (code, plan) = engine.json(&["plan", "many.yaml", "--instance", "big"]);
+    assert_eq!(code, 0, "{plan}");
+    let id = plan["changeSet"]["id"].as_str().unwrap().to_owned();
+    let deploy = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(["deploy", "--change-set", &id, "--engine", &engine.addr])
+        .current_dir(root.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill the engine once the plugin has created some, but not all, resources.
+    let created = |p: &Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.trim_start_matches("created ").to_owned())
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while created(&journal).len() < 40 {
+        assert!(Instant::now() < deadline, "the deploy made no progress");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    engine.kill9();
+    let mut deploy = deploy;
+    let _ = deploy.wait();
+    // Let plugins (killed with their parent) finish dying before reading the journal.
+    std::thread::sleep(Duration::from_millis(500));
+    let made = created(&journal);
+    assert!(made.len() < 200, "the deploy finished before the kill");
+
+    let engine = Engine::start_env(root.path(), &["--max-parallel", "8"], &env);
+    let inst = engine.instance("big");
+    assert_eq!(inst["status"], "INTERRUPTED", "{inst}");
+    let resources = inst["resources"].as_object().unwrap();
+    for name in &made {
+        assert!(
+            resources.contains_key(name),
+            "{name} was created by the plugin but is not in state"
+        );
+    }
+    // Drift names the calls left in flight.
+    let (code, drift) = engine.json(&["drift", "--instance", "big"]);
+    let unresolved = drift["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "UNRESOLVED")
+        .count();
+    let creating = resources
+        .values()
+        .filter(|r| r["status"] == "CREATING")
+        .count();
+    assert_eq!(unresolved, creating, "{drift}");
+    assert_eq!(code, if creating > 0 { 3 } else { 0 }, "{drift}");
+
+    // Reconcile settles every recorded resource; a new deploy finishes the rest.
+    let (code, out) = engine.json(&["reconcile", "--instance", "big", "--mode", "reapply"]);
+    assert_eq!(code, 0, "{out}");
+    let inst = engine.instance("big");
+    assert!(
+        inst["resources"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|r| r["status"] == "CREATED"),
+        "{inst}"
+    );
+    let (code, out) = engine.json(&["deploy", "many.yaml", "--instance", "big"]);
+    assert_eq!(code, 0, "{out}");
+    let inst = engine.instance("big");
+    assert_eq!(inst["resources"].as_object().unwrap().len(), 200);
+    assert_eq!(inst["status"], "UPDATED", "{inst}");
+}
+
+#[test]
+fn sigterm_drains_and_exits_zero() {
+    let root = TempDir::new("e2e-term");
+    let mut engine = Engine::start(&root);
+    write(&root.join("one.yaml"), &many_sims(2, 0));
+    let (code, out) = engine.json(&["deploy", "one.yaml", "--instance", "t"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(engine.terminate(), Some(0));
+    // The data directory is free again: a new engine opens it and sees the instance.
+    let engine = Engine::start(&root);
+    assert_eq!(engine.instance("t")["status"], "DEPLOYED");
+    let _ = (&engine.plugins, &engine.data);
+}
+
+mod watch {
+    use super::*;
+    use trellis_proto::engine::v1 as api;
+    use trellis_proto::engine::v1::engine_client::EngineClient;
+
+    async fn client(addr: &str) -> EngineClient<tonic::transport::Channel> {
+        match trellis::cli_client::connect(addr).await {
+            Ok(c) => c,
+            Err(_) => panic!("cannot connect to {addr}"),
+        }
+    }
+
+    /// Watches an operation, dropping the stream after a pseudo-random number of events and
+    /// resuming from the last sequence number seen, until the terminal event.
+    async fn choppy_watch(addr: &str, op: &str, mut seed: u64) -> Vec<(u64, String)> {
+        let mut seen: Vec<(u64, String)> = Vec::new();
+        let mut after = 0;
+        loop {
+            let mut c = client(addr).await;
+            let mut stream = c
+                .watch_operation(api::WatchOperationRequest {
+                    operation_id: op.to_owned(),
+                    after_seq: after,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let take = 1 + (seed >> 33) % 4;
+            let mut got = 0;
+            let mut ended = true;
+            while let Some(item) = stream.message().await.unwrap() {
+                if let Some(api::watch_response::Item::Event(e)) = item.item {
+                    after = e.seq;
+                    let done = e.kind == "operation.finished";
+                    seen.push((e.seq, e.kind));
+                    if done {
+                        return seen;
+                    }
+                    got += 1;
+                    if got == take {
+                        ended = false;
+                        break;
+                    }
+                }
+            }
+            // Dropping the stream here is the disconnect.
+            assert!(!ended, "the stream ended without the terminal event");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resumed_watcher_gets_the_exact_event_log() {
+        let root = TempDir::new("e2e-watch");
+        let engine = tokio::task::spawn_blocking({
+            let p = root.path().to_path_buf();
+            move || Engine::start_with(&p, &["--max-parallel", "4"])
+        })
+        .await
+        .unwrap();
+        let mut c = client(&engine.addr).await;
+        let cs = c
+            .create_change_set(api::CreateChangeSetRequest {
+                instance: "w".into(),
+                source: Some(api::BlueprintSource {
+                    source: Some(api::blueprint_source::Source::Inline(
+                        api::InlineBlueprint {
+                            file_name: "w.yaml".into(),
+                            content: many_sims(24, 15).into_bytes(),
+                            children: vec![],
+                        },
+                    )),
+                }),
+                variables: vec![],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let op = c
+            .execute_change_set(api::ExecuteChangeSetRequest {
+                request_id: "watch-test-1".into(),
+                change_set_id: cs.id.clone(),
+                rollback_on_failure: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // The same request again is the same operation, not a second one.
+        let again = c
+            .execute_change_set(api::ExecuteChangeSetRequest {
+                request_id: "watch-test-1".into(),
+                change_set_id: cs.id.clone(),
+                rollback_on_failure: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(again.id, op.id);
+        // The same id for another request is refused.
+        let reused = c
+            .destroy(api::DestroyRequest {
+                request_id: "watch-test-1".into(),
+                instance: "w".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(reused.code(), tonic::Code::AlreadyExists);
+
+        let watchers: Vec<_> = (0..3u64)
+            .map(|seed| {
+                let addr = engine.addr.clone();
+                let id = op.id.clone();
+                tokio::spawn(async move { choppy_watch(&addr, &id, seed * 7919 + 1).await })
+            })
+            .collect();
+        let mut logs = Vec::new();
+        for w in watchers {
+            logs.push(w.await.unwrap());
+        }
+        // The reference: the instance's whole log, filtered to the operation.
+        let mut stream = c
+            .watch_instance(api::WatchInstanceRequest {
+                instance: "w".into(),
+                after_seq: 0,
+                follow: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut reference = Vec::new();
+        while let Some(item) = stream.message().await.unwrap() {
+            if let Some(api::watch_response::Item::Event(e)) = item.item
+                && e.operation_id == op.id
+            {
+                reference.push((e.seq, e.kind));
+            }
+        }
+        assert!(reference.len() > 24 * 2, "{reference:?}");
+        assert_eq!(reference.last().unwrap().1, "operation.finished");
+        for log in logs {
+            assert_eq!(log, reference);
+        }
+    }
+}
