@@ -2,7 +2,7 @@
 //!
 //! Exit codes are part of the interface CI relies on: 0 success, 1 the
 //! blueprint (or operation) failed, 2 the command itself could not run
-//! (bad flags, unreadable file).
+//! (bad flags, unreadable file, engine unreachable), 3 drift found (`drift`).
 
 use crate::diag::{self, Diagnostics};
 use crate::document::{self, DEFAULT_MAX_INPUT_BYTES, Format};
@@ -20,7 +20,10 @@ use std::process::ExitCode;
     about = "Deploy engine for the Blueprint Specification v2023-04-20",
     long_about = "Trellis validates, plans and deploys blueprints: YAML or JSON documents of \
 variables, values, data sources, resources, child blueprints and exports.\n\n\
-Exit codes: 0 success, 1 the blueprint or operation failed, 2 the command could not run."
+`trellis serve` runs the engine; plan, deploy, destroy, instances, instance, events, drift, \
+reconcile and cancel are its clients (--engine ADDR or TRELLIS_ENGINE).\n\n\
+Exit codes: 0 success, 1 the blueprint or operation failed, 2 the command could not run \
+(usage, unreadable file, engine unreachable), 3 drift found (`trellis drift`)."
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -1297,16 +1297,30 @@ fn opt_str(s: &str) -> Json {
     }
 }
 
-/// A value as JSON: unknown values are `{"$unknown": true}`, secrets `"(sensitive)"`.
+/// A value as JSON, with the markers `trellis eval --format json` uses: a value known only
+/// after deploy is `{"unknown": true}`, a secret `{"sensitive": true}`.
 fn value_json(v: Option<&pv::Value>) -> Json {
-    v.map_or(Json::Null, |v| {
-        values::to_json(
+    use pv::value::Kind;
+    let Some(v) = v else { return Json::Null };
+    if v.sensitive {
+        return json!({ "sensitive": true });
+    }
+    match &v.kind {
+        Some(Kind::Unknown(_)) => json!({ "unknown": true }),
+        Some(Kind::List(l)) => Json::Array(l.items.iter().map(|i| value_json(Some(i))).collect()),
+        Some(Kind::Map(m)) => Json::Object(
+            m.entries
+                .iter()
+                .map(|e| (e.key.clone(), value_json(e.value.as_ref())))
+                .collect(),
+        ),
+        _ => values::to_json(
             v,
             JsonMarks {
                 mask_sensitive: true,
             },
-        )
-    })
+        ),
+    }
 }
 
 // ---- rendering: JSON --------------------------------------------------------------------------
@@ -2333,8 +2347,8 @@ mod tests {
                     "config": {
                         "type": "local/file",
                         "status": "CREATED",
-                        "spec": {"path": "/tmp/x", "token": "(sensitive)"},
-                        "state": {"id": {"$unknown": true}},
+                        "spec": {"path": "/tmp/x", "token": {"sensitive": true}},
+                        "state": {"id": {"unknown": true}},
                         "externalId": "/tmp/x",
                         "dependsOn": ["dir"],
                         "failureReason": null,
@@ -2403,8 +2417,8 @@ mod tests {
             doc["resources"][0]["fields"],
             json!([
                 {"path": "spec.path", "new": "/tmp/app.conf", "mustRecreate": true},
-                {"path": "spec.id", "new": {"$unknown": true}, "mustRecreate": false},
-                {"path": "spec.token", "new": "(sensitive)", "mustRecreate": false},
+                {"path": "spec.id", "new": {"unknown": true}, "mustRecreate": false},
+                {"path": "spec.token", "new": {"sensitive": true}, "mustRecreate": false},
             ])
         );
         assert_eq!(doc["resources"][0]["reason"], Json::Null);
@@ -2416,7 +2430,7 @@ mod tests {
         assert_eq!(doc["resources"][2]["fields"][0]["mustRecreate"], true);
         assert_eq!(
             doc["exports"],
-            json!([{"name": "url", "action": "CREATE", "new": {"$unknown": true}}])
+            json!([{"name": "url", "action": "CREATE", "new": {"unknown": true}}])
         );
         assert_eq!(doc["diagnostics"][0]["severity"], "warning");
         assert_eq!(doc["diagnostics"][0]["code"], "T0301");

@@ -111,6 +111,10 @@ pub struct Prepared {
     pub order: Vec<usize>,
     pub cwd: String,
     pub now_unix_nanos: i128,
+    /// Entry of `evaluation.resources` by name.
+    by_name: std::collections::HashMap<String, usize>,
+    /// Template in `blueprint.resources` by name.
+    templates: std::collections::HashMap<String, usize>,
 }
 
 impl Prepared {
@@ -151,11 +155,16 @@ impl Prepared {
             link: &link,
         };
         let mut diags = Diagnostics::default();
+        let template = &self.evaluation.resources[idx].template;
+        let Some(&t) = self.templates.get(template) else {
+            return Vec::new();
+        };
         reevaluate(
             &self.blueprint,
             &self.graph,
             &mut self.evaluation,
             idx,
+            &self.blueprint.resources[t],
             &env,
             Some(plugins),
             &mut diags,
@@ -207,6 +216,8 @@ pub fn prepare(
         order: Vec::new(),
         cwd: cwd.to_owned(),
         now_unix_nanos: inputs.now_unix_nanos,
+        by_name: Default::default(),
+        templates: Default::default(),
     };
     let Some(checked) = checked else {
         return prepared;
@@ -239,6 +250,20 @@ pub fn prepare(
         prepared.deps = deps;
         prepared.order = order;
     }
+    prepared.by_name = prepared
+        .evaluation
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (x.name.clone(), i))
+        .collect();
+    prepared.templates = prepared
+        .blueprint
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name.value.clone(), i))
+        .collect();
     prepared
 }
 
@@ -261,13 +286,14 @@ fn resource_deps(bp: &Blueprint, graph: &Graph, ev: &Evaluation) -> (Vec<Vec<usi
     }
     // Template-level: the resources reachable from each resource through values only.
     let mut template_deps: Vec<Vec<usize>> = vec![Vec::new(); bp.resources.len()];
+    // Which walk last visited a node: one array for all walks keeps this linear per walk.
+    let mut seen = vec![usize::MAX; graph.nodes.len()];
     for (t, deps) in template_deps.iter_mut().enumerate() {
         let start = graph.index(NodeRef::Resource(t));
-        let mut seen = vec![false; graph.nodes.len()];
         let mut stack: Vec<usize> = graph.edges[start].iter().map(|(w, _)| *w).collect();
         stack.reverse();
         while let Some(w) = stack.pop() {
-            if std::mem::replace(&mut seen[w], true) {
+            if std::mem::replace(&mut seen[w], t) == t {
                 continue;
             }
             match graph.nodes[w] {

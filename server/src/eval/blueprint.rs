@@ -231,20 +231,20 @@ pub fn evaluate(
 /// executor calls this just before applying a resource, after recording the fresh state of what
 /// it depends on in `ev.instances[..].state`. Values that were unknown (because they read state
 /// that did not exist yet) are evaluated again first. Returns whether the resource is included.
+/// `r` is the resource's template in `bp`.
+#[allow(clippy::too_many_arguments)]
 pub fn reevaluate(
     bp: &Blueprint,
     graph: &Graph,
     ev: &mut Evaluation,
     idx: usize,
+    r: &Resource,
     env: &Env<'_>,
     external: Option<&dyn ExternalFunctions>,
     diags: &mut Diagnostics,
 ) -> bool {
     refresh_values(bp, graph, ev, env, external, diags);
     let x = &ev.resources[idx];
-    let Some(r) = bp.resources.iter().find(|r| r.name.value == x.template) else {
-        return false;
-    };
     let element = x.element.clone().zip(x.index);
     let (fresh, value) = instance(
         r,
