@@ -335,8 +335,19 @@ fn deploy_change_and_destroy_local_resources() {
     );
     let (code, drift) = engine.json(&["drift", "--instance", "app"]);
     assert_eq!(code, 0, "{drift}");
+    // Or accept the hand edit as the new state.
+    write(&root.join("out/config.txt"), "edited by hand");
+    let (code, out) = engine.json(&["reconcile", "--instance", "app", "--mode", "accept"]);
+    assert_eq!(code, 0, "{out}");
+    let inst = engine.instance("app");
+    assert_eq!(
+        inst["resources"]["config"]["spec"]["content"],
+        "edited by hand"
+    );
+    let (code, drift) = engine.json(&["drift", "--instance", "app"]);
+    assert_eq!(code, 0, "{drift}");
 
-    // Destroy leaves nothing on disk.
+    // Destroy leaves nothing on disk (the accepted content is what trellis now owns).
     let (code, out) = engine.json(&["destroy", "--instance", "app"]);
     assert_eq!(code, 0, "{out}");
     assert!(!root.join("out").exists(), "out/ still exists");
@@ -543,6 +554,34 @@ fn sigterm_drains_and_exits_zero() {
     write(&root.join("one.yaml"), &many_sims(2, 0));
     let (code, out) = engine.json(&["deploy", "one.yaml", "--instance", "t"]);
     assert_eq!(code, 0, "{out}");
+    // Health is served for the engine service and overall.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = engine.addr.clone();
+    let statuses = rt.block_on(async move {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let mut out = Vec::new();
+        for service in ["", "trellis.engine.v1.Engine"] {
+            let r = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            out.push(r.status);
+        }
+        out
+    });
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    assert_eq!(statuses, [serving, serving]);
     assert_eq!(engine.terminate(), Some(0));
     // The data directory is free again: a new engine opens it and sees the instance.
     let engine = Engine::start(&root);

@@ -341,6 +341,8 @@ impl Engine {
             },
         };
         let current = self.store.load_state(&inst.id).await?;
+        // The version of the very snapshot the plan reads: execution requires it unchanged.
+        let planned_version = current.instance.version;
         let max = self.config.max_input_size;
         let cwd = self.config.cwd.display().to_string();
         let planned_inputs = inputs.clone();
@@ -372,7 +374,7 @@ impl Engine {
             .store
             .create_change_set(NewChangeSet {
                 instance_id: inst.id.clone(),
-                planned_version: current_version(&self.store, &inst.id).await?,
+                planned_version,
                 digest: inputs.digest(),
                 body,
             })
@@ -1122,10 +1124,6 @@ impl Engine {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
-}
-
-async fn current_version(store: &Arc<dyn StateStore>, instance_id: &str) -> Result<u64> {
-    Ok(store.get_instance(instance_id).await?.version)
 }
 
 fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {

@@ -374,6 +374,7 @@ fn watch(
     tokio::spawn(async move {
         let mut seq = after_seq;
         let mut sub = store.subscribe(&instance_id);
+        let mut ended_seen = false;
         loop {
             let batch = match store.events_since(&instance_id, seq, 512).await {
                 Ok(b) => b,
@@ -387,14 +388,21 @@ fn watch(
                     return;
                 }
                 // A terminal event may have been before `after_seq` (resuming a finished
-                // operation): end when the operation is over and nothing is left to send.
+                // operation): end when the operation is over and nothing is left to send. The
+                // status is read after the events, so one more read of the events follows before
+                // giving up: the operation may have ended (status and event in one commit)
+                // between the two reads.
                 if let Watch::Operation(op) = &what
                     && store
                         .get_operation(op)
                         .await
                         .is_ok_and(|o| o.status.is_terminal())
                 {
-                    return;
+                    if ended_seen {
+                        return;
+                    }
+                    ended_seen = true;
+                    continue;
                 }
                 tokio::select! {
                     changed = sub.changed() => {

@@ -18,6 +18,9 @@ use crate::engine::{Engine, EngineConfig};
 use crate::plugins::{HostConfig, PluginHost};
 use crate::state::{RetentionPolicy, SqliteStore, StateStore};
 
+/// How long connections may take to close after the drain.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The gRPC service name health reports on.
 pub const SERVICE_NAME: &str = "trellis.engine.v1.Engine";
 
@@ -142,9 +145,21 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         Bound::Unix(_, path) => Some(path.clone()),
         Bound::Tcp(..) => None,
     };
-    let result = router
-        .serve_with_incoming_shutdown(bound.into_incoming(), shutdown.clone().cancelled_owned())
-        .await;
+    let server = router
+        .serve_with_incoming_shutdown(bound.into_incoming(), shutdown.clone().cancelled_owned());
+    // A graceful HTTP/2 close waits for each client to answer; a client that never does (hung,
+    // or its process stopped) must not keep the engine from exiting.
+    let grace = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(CLOSE_GRACE).await;
+    };
+    let result = tokio::select! {
+        r = server => r,
+        _ = grace => {
+            tracing::warn!(grace = ?CLOSE_GRACE, "clients did not close their connections in time; stopping anyway");
+            Ok(())
+        }
+    };
     if let Some(path) = unix_socket {
         let _ = std::fs::remove_file(path);
     }
