@@ -1480,6 +1480,12 @@ pub fn change_set_json(cs: &pb::ChangeSet) -> Json {
         "digest": cs.digest,
         "summary": cs.summary,
         "resources": resources,
+        "links": cs.links.iter().map(|l| json!({
+            "resourceA": l.resource_a,
+            "resourceB": l.resource_b,
+            "linkType": l.link_type,
+            "action": action_name(l.action()),
+        })).collect::<Vec<_>>(),
         "exports": exports,
         "diagnostics": cs.diagnostics.iter().map(diagnostic_json).collect::<Vec<_>>(),
     })
@@ -1683,6 +1689,23 @@ pub fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
         for f in &r.fields {
             let line = field_text(f, action == A::Recreate);
             out.push_str(&format!("      {line}\n"));
+        }
+    }
+    let links: Vec<_> = cs
+        .links
+        .iter()
+        .filter(|l| !matches!(l.action(), A::NoChange | A::Unspecified))
+        .collect();
+    if !links.is_empty() {
+        out.push_str("\nLinks:\n");
+        for l in links {
+            out.push_str(&format!(
+                "{:>3} {} -> {}  ({})\n",
+                action_sign(l.action()),
+                l.resource_a,
+                l.resource_b,
+                l.link_type
+            ));
         }
     }
     let exports: Vec<_> = cs

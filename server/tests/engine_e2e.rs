@@ -735,3 +735,120 @@ mod watch {
         }
     }
 }
+
+const LINKED: &str = r#"
+version: 2023-04-20
+resources:
+  appDir:
+    type: local/directory
+    metadata:
+      labels:
+        app: demo
+    spec:
+      path: site
+  config:
+    type: local/file
+    metadata:
+      labels:
+        app: LABEL
+    spec:
+      path: ${resources.appDir.spec.path}/config.txt
+      content: hello
+  apiKey:
+    type: local/randomSecret
+    metadata:
+      labels:
+        app: demo
+    spec:
+      length: 24
+  env:
+    type: local/envFile
+    linkSelector:
+      byLabel:
+        app: demo
+    spec:
+      path: ${resources.appDir.spec.path}/app.env
+"#;
+
+fn env_lines(root: &TempDir) -> Vec<String> {
+    let mut lines: Vec<String> = std::fs::read_to_string(root.join("site/app.env"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split('=').next().unwrap().to_owned())
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn links_select_by_label_and_follow_label_changes() {
+    let root = TempDir::new("e2e-links");
+    let engine = Engine::start(&root);
+    write(&root.join("linked.yaml"), &LINKED.replace("LABEL", "demo"));
+    let (code, plan) = engine.json(&["plan", "linked.yaml", "--instance", "l"]);
+    assert_eq!(code, 0, "{plan}");
+    let links: Vec<(String, String)> = plan["changeSet"]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                format!(
+                    "{}->{}",
+                    l["resourceA"].as_str().unwrap(),
+                    l["resourceB"].as_str().unwrap()
+                ),
+                l["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        links.contains(&("env->config".into(), "CREATE".into()))
+            && links.contains(&("env->appDir".into(), "CREATE".into()))
+            && links.contains(&("env->apiKey".into(), "CREATE".into())),
+        "{plan}"
+    );
+    let (code, out) = engine.json(&["deploy", "linked.yaml", "--instance", "l"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        env_lines(&root),
+        ["DIR_APP_DIR", "FILE_CONFIG", "SECRET_API_KEY"]
+    );
+    let text = std::fs::read_to_string(root.join("site/app.env")).unwrap();
+    assert!(text.contains("config.txt"), "{text}");
+    let inst = engine.instance("l");
+    assert_eq!(inst["links"].as_array().unwrap().len(), 3, "{inst}");
+    // The secret is in the file, never in what the engine shows.
+    let secret_line = text
+        .lines()
+        .find(|l| l.starts_with("SECRET_API_KEY="))
+        .unwrap();
+    let secret = secret_line
+        .trim_start_matches("SECRET_API_KEY=")
+        .trim_matches('"');
+    assert!(secret.len() >= 24, "{secret_line}");
+    assert!(!inst.to_string().contains(secret), "secret leaked: {inst}");
+
+    // config no longer carries the label: exactly its link goes, and its line with it.
+    write(&root.join("linked.yaml"), &LINKED.replace("LABEL", "other"));
+    let (code, plan) = engine.json(&["plan", "linked.yaml", "--instance", "l"]);
+    assert_eq!(code, 0, "{plan}");
+    let removed: Vec<&Value> = plan["changeSet"]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["action"] == "DELETE")
+        .collect();
+    assert_eq!(removed.len(), 1, "{plan}");
+    assert_eq!(removed[0]["resourceB"], "config");
+    let (code, out) = engine.json(&["deploy", "linked.yaml", "--instance", "l"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(env_lines(&root), ["DIR_APP_DIR", "SECRET_API_KEY"]);
+    assert_eq!(engine.instance("l")["links"].as_array().unwrap().len(), 2);
+
+    // Destroy removes the links first, then everything else.
+    let (code, out) = engine.json(&["destroy", "--instance", "l"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!root.join("site").exists());
+}

@@ -16,9 +16,10 @@ use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::links::PlannedLink;
 use super::plan::{Action, Plan};
 use super::prepare::Prepared;
-use super::provision::{Applied, Failure, Provisioner, Target};
+use super::provision::{Applied, Failure, LinkCall, LinkUpdate, Provisioner, Target};
 use super::state_values;
 use crate::check::PluginContext;
 use crate::state::{
@@ -338,10 +339,11 @@ async fn record_failure(
     Ok(())
 }
 
-/// Intent, provider destroy, removal.
+/// Links first, then intent, provider destroy, removal.
 async fn destroy(ctx: &RunContext, inst: &str, current: &Resource) -> Result<(), String> {
     let fail = |e: StateError| format!("state store: {e}");
     let name = &current.name;
+    unlink_all(ctx, name).await?;
     ctx.commit(
         vec![Change::IntendDestroy { name: name.clone() }],
         vec![NewEvent::new(
@@ -493,6 +495,16 @@ pub fn deploy(
         .map(|r| (r.name.as_str(), r))
         .collect();
     let mut completed: Vec<Done> = Vec::new();
+    // Links the blueprint dropped go first, while both ends are as they were.
+    if let Err(error) = run_links(ctx, &plan.links, true) {
+        return (
+            Outcome::Failed {
+                error,
+                stopped: ctx.stop.is_cancelled(),
+            },
+            completed,
+        );
+    }
     // Phase 1: everything that stays, dependencies first.
     let applies: Vec<&super::plan::PlannedResource> = plan
         .resources
@@ -610,6 +622,16 @@ pub fn deploy(
     let _ = &inst;
     if let Err((error, stopped)) = schedule(ctx, &mut nodes, start, finish) {
         return (Outcome::Failed { error, stopped }, completed);
+    }
+    // Links once both ends are deployed.
+    if let Err(error) = run_links(ctx, &plan.links, false) {
+        return (
+            Outcome::Failed {
+                error,
+                stopped: ctx.stop.is_cancelled(),
+            },
+            completed,
+        );
     }
     // Phase 2: what the blueprint dropped, dependents first.
     let deletes: Vec<&Resource> = plan
@@ -970,4 +992,161 @@ pub async fn reconcile_one(
             }
         }
     }
+}
+
+fn annotations(metadata: &Json) -> Json {
+    metadata.get("annotations").cloned().unwrap_or(Json::Null)
+}
+
+/// Runs one link through its provider and records it (or its removal) with its event.
+pub async fn apply_link(
+    ctx: &RunContext,
+    a: &str,
+    b: &str,
+    link_type: &str,
+    provider: &str,
+    update: LinkUpdate,
+) -> Result<(), String> {
+    let inst = ctx.operation.instance_id.clone();
+    let fail = |e: StateError| format!("state store: {e}");
+    let state = ctx.store.load_state(&inst).await.map_err(fail)?;
+    let (Some(ra), Some(rb)) = (state.resource(a), state.resource(b)) else {
+        if update == LinkUpdate::Destroy {
+            return Ok(());
+        }
+        return Err(format!("link {a} -> {b}: both resources must be deployed"));
+    };
+    let existing = state
+        .links
+        .iter()
+        .find(|l| l.resource_a == a && l.resource_b == b);
+    if update == LinkUpdate::Destroy && existing.is_none() {
+        return Ok(());
+    }
+    let call = LinkCall {
+        provider: provider.to_owned(),
+        link_type: link_type.to_owned(),
+        a: target(&inst, ra),
+        b: target(&inst, rb),
+        annotations_a: annotations(&ra.metadata),
+        annotations_b: annotations(&rb.metadata),
+        link_data: existing.map_or(Json::Null, |l| l.data.clone()),
+        update,
+    };
+    let key = ctx.key(&format!("{a}::{b}"), "link");
+    let payload = json!({ "resourceA": a, "resourceB": b, "linkType": link_type });
+    match (ctx.provisioner.link(&call, &key).await, update) {
+        (Ok(_), LinkUpdate::Destroy) => {
+            let removed = ctx
+                .commit(
+                    vec![Change::RemoveLink {
+                        resource_a: a.to_owned(),
+                        resource_b: b.to_owned(),
+                    }],
+                    vec![NewEvent::new("link.destroyed", payload)],
+                )
+                .await;
+            match removed {
+                // Removed meanwhile by the other end's destroy.
+                Err(StateError::NotFound { .. }) | Ok(_) => Ok(()),
+                Err(e) => Err(fail(e)),
+            }
+        }
+        (Ok(data), _) => {
+            let (status, kind) = if update == LinkUpdate::Create {
+                (crate::state::ResourceStatus::Created, "link.created")
+            } else {
+                (crate::state::ResourceStatus::Updated, "link.updated")
+            };
+            ctx.commit(
+                vec![Change::PutLink {
+                    resource_a: a.to_owned(),
+                    resource_b: b.to_owned(),
+                    link_type: link_type.to_owned(),
+                    status,
+                    data,
+                }],
+                vec![NewEvent::new(kind, payload)],
+            )
+            .await
+            .map_err(fail)?;
+            Ok(())
+        }
+        (Err(f), _) => {
+            let status = match update {
+                LinkUpdate::Create => crate::state::ResourceStatus::CreateFailed,
+                LinkUpdate::Update => crate::state::ResourceStatus::UpdateFailed,
+                LinkUpdate::Destroy => crate::state::ResourceStatus::DestroyFailed,
+            };
+            let mut p = payload;
+            p["reason"] = Json::String(f.message.clone());
+            ctx.commit(
+                vec![Change::PutLink {
+                    resource_a: a.to_owned(),
+                    resource_b: b.to_owned(),
+                    link_type: link_type.to_owned(),
+                    status,
+                    data: call.link_data,
+                }],
+                vec![NewEvent::new("link.failed", p)],
+            )
+            .await
+            .map_err(fail)?;
+            Err(f.message)
+        }
+    }
+}
+
+/// Removes every link that touches `name` (before the resource itself goes).
+async fn unlink_all(ctx: &RunContext, name: &str) -> Result<(), String> {
+    let state = ctx
+        .store
+        .load_state(&ctx.operation.instance_id)
+        .await
+        .map_err(|e| format!("state store: {e}"))?;
+    for l in state
+        .links
+        .iter()
+        .filter(|l| l.resource_a == name || l.resource_b == name)
+    {
+        apply_link(
+            ctx,
+            &l.resource_a,
+            &l.resource_b,
+            &l.link_type,
+            &super::links::provider_of(&l.link_type),
+            LinkUpdate::Destroy,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Applies the planned links of one kind, one at a time: links that touch the same resource
+/// never race, whatever the provider does with it.
+pub fn run_links(
+    ctx: &Arc<RunContext>,
+    links: &[PlannedLink],
+    removals: bool,
+) -> Result<(), String> {
+    for l in links {
+        let update = match (l.action, removals) {
+            (Action::Delete, true) => LinkUpdate::Destroy,
+            (Action::Create, false) => LinkUpdate::Create,
+            (Action::Update, false) => LinkUpdate::Update,
+            _ => continue,
+        };
+        if ctx.stop.is_cancelled() {
+            return Err("the operation was stopped before it finished".into());
+        }
+        ctx.rt.block_on(apply_link(
+            ctx,
+            &l.a,
+            &l.b,
+            &l.link_type,
+            &l.provider,
+            update,
+        ))?;
+    }
+    Ok(())
 }

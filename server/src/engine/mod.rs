@@ -11,6 +11,7 @@
 
 pub mod diff;
 pub mod exec;
+pub mod links;
 pub mod plan;
 pub mod prepare;
 pub mod provision;
@@ -367,6 +368,7 @@ impl Engine {
         let body = json!({
             "inputs": inputs.to_json(),
             "plan": plan.to_json(),
+            "links": links::to_json(&plan.links),
             "summary": plan.summary(),
             "diagnostics": diagnostics,
         });
@@ -761,9 +763,14 @@ impl Engine {
         if inputs.digest() != cs.digest {
             return fail("the change set's recorded inputs do not match its digest".into());
         }
-        let Some(plan) = cs.body.get("plan").and_then(Plan::from_json) else {
+        let Some(mut plan) = cs.body.get("plan").and_then(Plan::from_json) else {
             return fail("the change set's plan cannot be read".into());
         };
+        plan.links = cs
+            .body
+            .get("links")
+            .and_then(links::from_json)
+            .unwrap_or_default();
         let cwd = self.config.cwd.display().to_string();
         let mut prepared: Prepared =
             prepare::prepare(&inputs, self.config.max_input_size, plugins, &cwd);
@@ -1127,10 +1134,15 @@ impl Engine {
 }
 
 fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
-    let plan = cs
+    let mut plan = cs
         .body
         .get("plan")
         .and_then(Plan::from_json)
+        .unwrap_or_default();
+    plan.links = cs
+        .body
+        .get("links")
+        .and_then(links::from_json)
         .unwrap_or_default();
     let diagnostics = cs
         .body

@@ -60,6 +60,8 @@ pub struct PlannedResource {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
     pub resources: Vec<PlannedResource>,
+    /// Link changes: removals run before the resources, the rest after them.
+    pub links: Vec<super::links::PlannedLink>,
 }
 
 impl Plan {
@@ -67,20 +69,34 @@ impl Plan {
         self.resources.iter().filter(|r| r.action == action).count()
     }
 
-    /// "2 to create, 1 to update, 0 to recreate, 1 to delete, 3 unchanged".
+    /// "2 to create, 1 to update, 0 to recreate, 1 to delete, 3 unchanged", then the link
+    /// changes when there are any.
     pub fn summary(&self) -> String {
-        format!(
+        let mut s = format!(
             "{} to create, {} to update, {} to recreate, {} to delete, {} unchanged",
             self.count(Action::Create),
             self.count(Action::Update),
             self.count(Action::Recreate),
             self.count(Action::Delete),
             self.count(Action::NoChange),
-        )
+        );
+        let links = |a: Action| self.links.iter().filter(|l| l.action == a).count();
+        let (new, changed, gone) = (
+            links(Action::Create),
+            links(Action::Update),
+            links(Action::Delete),
+        );
+        if new + changed + gone > 0 {
+            s.push_str(&format!(
+                "; links: {new} to create, {changed} to update, {gone} to remove"
+            ));
+        }
+        s
     }
 
     pub fn is_empty(&self) -> bool {
         self.resources.iter().all(|r| r.action == Action::NoChange)
+            && self.links.iter().all(|l| l.action == Action::NoChange)
     }
 
     pub fn to_json(&self) -> Json {
@@ -126,7 +142,10 @@ impl Plan {
                 })
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(Plan { resources })
+        Some(Plan {
+            resources,
+            links: Vec::new(),
+        })
     }
 }
 
@@ -324,7 +343,11 @@ pub fn plan(
             depends_on: r.depends_on.clone(),
         });
     }
-    Plan { resources: out }
+    let links = super::links::plan_links(&prepared.links, current, &out);
+    Plan {
+        resources: out,
+        links,
+    }
 }
 
 /// Recorded resources ordered so that each comes before everything it depends on (reverse

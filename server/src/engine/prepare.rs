@@ -115,6 +115,8 @@ pub struct Prepared {
     by_name: std::collections::HashMap<String, usize>,
     /// Template in `blueprint.resources` by name.
     templates: std::collections::HashMap<String, usize>,
+    /// The links the blueprint selects.
+    pub links: Vec<super::links::WantedLink>,
 }
 
 impl Prepared {
@@ -218,6 +220,7 @@ pub fn prepare(
         now_unix_nanos: inputs.now_unix_nanos,
         by_name: Default::default(),
         templates: Default::default(),
+        links: Vec::new(),
     };
     let Some(checked) = checked else {
         return prepared;
@@ -264,6 +267,11 @@ pub fn prepare(
         .enumerate()
         .map(|(i, r)| (r.name.value.clone(), i))
         .collect();
+    if !prepared.diags.has_errors() {
+        prepared.links = super::links::wanted(&prepared, &plugins.manifests);
+        let links = prepared.links.clone();
+        super::links::add_hard_link_order(&mut prepared, &links);
+    }
     prepared
 }
 

@@ -53,6 +53,30 @@ pub enum Observed {
     Exists { spec: Json, state: Json },
 }
 
+/// What is happening to a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkUpdate {
+    Create,
+    Update,
+    Destroy,
+}
+
+/// One link between two deployed resources, for the provider that implements its type.
+#[derive(Clone, Debug)]
+pub struct LinkCall {
+    /// The provider namespace that implements the link type.
+    pub provider: String,
+    /// `<type A>::<type B>`.
+    pub link_type: String,
+    pub a: Target,
+    pub b: Target,
+    pub annotations_a: Json,
+    pub annotations_b: Json,
+    /// What earlier phases and deployments recorded.
+    pub link_data: Json,
+    pub update: LinkUpdate,
+}
+
 #[tonic::async_trait]
 pub trait Provisioner: Send + Sync + 'static {
     /// Creates (`target.external_id` is `None`) or updates the resource to `spec`.
@@ -66,6 +90,20 @@ pub trait Provisioner: Send + Sync + 'static {
     ) -> Result<Applied, Failure>;
     async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure>;
     async fn read(&self, target: &Target) -> Result<Observed, Failure>;
+    /// Runs a link through its phases (stage, update resource A, update resource B, update
+    /// intermediaries); returns the link data to record.
+    async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure>;
+}
+
+/// Link data from a phase merged over what earlier phases returned (top-level keys replace).
+fn merge(into: &mut Json, more: Json) {
+    match (into, more) {
+        (Json::Object(a), Json::Object(b)) => a.extend(b),
+        (slot, Json::Null) => {
+            let _ = slot;
+        }
+        (slot, other) => *slot = other,
+    }
 }
 
 /// Providers reached through the plugin host.
@@ -180,6 +218,112 @@ impl Provisioner for PluginProvisioner {
             ))),
             _ => Ok(()),
         }
+    }
+
+    async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure> {
+        let client = self
+            .host
+            .provider(&call.provider)
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let opts = options(&call.a, idempotency_key);
+        let mut ctx = pb::LinkContext {
+            context: None,
+            link_type: call.link_type.clone(),
+            resource_a: current(&call.a),
+            resource_b: current(&call.b),
+            annotations_a: Some(stored_pb(&call.annotations_a)),
+            annotations_b: Some(stored_pb(&call.annotations_b)),
+            link_data: Some(stored_pb(&call.link_data)),
+            update_type: match call.update {
+                LinkUpdate::Create => pb::LinkUpdateType::LinkCreate,
+                LinkUpdate::Update => pb::LinkUpdateType::LinkUpdate,
+                LinkUpdate::Destroy => pb::LinkUpdateType::LinkDestroy,
+            } as i32,
+        };
+        let label = |phase: &str, e: &pb::Error| {
+            format!(
+                "link {} -> {} ({}): {phase}: {}",
+                call.a.name, call.b.name, call.link_type, e.message
+            )
+        };
+        let fail = |e: PluginError| Failure::new(describe(&e));
+        let staged = client
+            .stage_link(
+                pb::StageLinkRequest {
+                    link: Some(ctx.clone()),
+                },
+                &opts,
+            )
+            .await
+            .map_err(fail)?;
+        if let Some(e) = &staged.error {
+            return Err(Failure::new(label("stage", e)));
+        }
+        let errors: Vec<&str> = staged
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == pb::Severity::Error as i32)
+            .map(|d| d.message.as_str())
+            .collect();
+        if !errors.is_empty() && call.update != LinkUpdate::Destroy {
+            return Err(Failure::new(format!(
+                "link {} -> {} ({}): {}",
+                call.a.name,
+                call.b.name,
+                call.link_type,
+                errors.join("; ")
+            )));
+        }
+        let mut data = call.link_data.clone();
+        let resp = client
+            .update_link_resource_a(
+                pb::UpdateLinkResourceRequest {
+                    link: Some(ctx.clone()),
+                },
+                &opts,
+            )
+            .await
+            .map_err(fail)?;
+        if let Some(e) = &resp.error {
+            return Err(Failure::new(label("update resource A", e)));
+        }
+        merge(
+            &mut data,
+            resp.link_data.as_ref().map_or(Json::Null, raw_json),
+        );
+        ctx.link_data = Some(stored_pb(&data));
+        let resp = client
+            .update_link_resource_b(
+                pb::UpdateLinkResourceRequest {
+                    link: Some(ctx.clone()),
+                },
+                &opts,
+            )
+            .await
+            .map_err(fail)?;
+        if let Some(e) = &resp.error {
+            return Err(Failure::new(label("update resource B", e)));
+        }
+        merge(
+            &mut data,
+            resp.link_data.as_ref().map_or(Json::Null, raw_json),
+        );
+        ctx.link_data = Some(stored_pb(&data));
+        let resp = client
+            .update_link_intermediaries(
+                pb::UpdateLinkIntermediariesRequest { link: Some(ctx) },
+                &opts,
+            )
+            .await
+            .map_err(fail)?;
+        if let Some(e) = &resp.error {
+            return Err(Failure::new(label("update intermediaries", e)));
+        }
+        merge(
+            &mut data,
+            resp.link_data.as_ref().map_or(Json::Null, raw_json),
+        );
+        Ok(data)
     }
 
     async fn read(&self, target: &Target) -> Result<Observed, Failure> {

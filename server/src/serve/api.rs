@@ -173,6 +173,17 @@ pub fn change_set(v: &ChangeSetView) -> api::ChangeSet {
         diagnostics: v.diagnostics.iter().map(diagnostic).collect(),
         summary: v.plan.summary(),
         created_at_unix_ms: cs.created_at.as_millis(),
+        links: v
+            .plan
+            .links
+            .iter()
+            .map(|l| api::LinkChange {
+                resource_a: l.a.clone(),
+                resource_b: l.b.clone(),
+                link_type: l.link_type.clone(),
+                action: action(l.action) as i32,
+            })
+            .collect(),
     }
 }
 

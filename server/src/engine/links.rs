@@ -1,0 +1,176 @@
+//! Links at deploy time: which links the blueprint wants (the validated selection, with `each`
+//! templates expanded element-wise), what changes against the links in state, and the order
+//! hard links impose on resources.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::{Value as Json, json};
+
+use super::plan::{Action, PlannedResource};
+use super::prepare::Prepared;
+use crate::state::InstanceState;
+use crate::validate::links::select_links;
+use crate::validate::providers::Manifests;
+
+/// One concrete link the blueprint wants.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WantedLink {
+    pub a: String,
+    pub b: String,
+    pub link_type: String,
+    pub provider: String,
+    /// For a hard link: (first, second) — the second waits for the first.
+    pub order: Option<(String, String)>,
+}
+
+/// A link's part of a change set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedLink {
+    pub a: String,
+    pub b: String,
+    pub link_type: String,
+    pub provider: String,
+    pub action: Action,
+}
+
+/// The links between included resources, in selection order.
+pub fn wanted(prepared: &Prepared, manifests: &Manifests) -> Vec<WantedLink> {
+    let ev = &prepared.evaluation;
+    let included: HashSet<&str> = ev
+        .resources
+        .iter()
+        .filter(|x| x.included())
+        .map(|x| x.name.as_str())
+        .collect();
+    let count = |template: &str| match ev.entries.get(template) {
+        Some(crate::eval::expr::ResourceEntry::Template(items)) => items.len(),
+        _ => 1,
+    };
+    let mut out = Vec::new();
+    for plan in select_links(&prepared.blueprint, manifests) {
+        let pairs = plan.element_pairs(count(&plan.resource_a), count(&plan.resource_b));
+        let order = plan.order().map(|(first, _)| first == plan.resource_a);
+        for (a, b) in pairs {
+            if !included.contains(a.as_str()) || !included.contains(b.as_str()) {
+                continue;
+            }
+            let order = order.map(|a_first| {
+                if a_first {
+                    (a.clone(), b.clone())
+                } else {
+                    (b.clone(), a.clone())
+                }
+            });
+            out.push(WantedLink {
+                a,
+                b,
+                link_type: plan.link_type.clone(),
+                provider: plan.provider.clone(),
+                order,
+            });
+        }
+    }
+    out
+}
+
+/// Hard links order their resources: the second waits for the first.
+pub fn add_hard_link_order(prepared: &mut Prepared, links: &[WantedLink]) {
+    for l in links {
+        let Some((first, second)) = &l.order else {
+            continue;
+        };
+        if let (Some(f), Some(s)) = (prepared.find(first), prepared.find(second))
+            && !prepared.deps[s].contains(&f)
+        {
+            prepared.deps[s].push(f);
+        }
+    }
+}
+
+/// What happens to each link: new ones are created, existing ones updated when an end
+/// changes (created again when an end is recreated: its removal took the link with it),
+/// and links in state the blueprint no longer selects are removed.
+pub fn plan_links(
+    wanted: &[WantedLink],
+    current: &InstanceState,
+    resources: &[PlannedResource],
+) -> Vec<PlannedLink> {
+    let action_of: HashMap<&str, Action> = resources
+        .iter()
+        .map(|r| (r.name.as_str(), r.action))
+        .collect();
+    let existing: HashSet<(&str, &str)> = current
+        .links
+        .iter()
+        .map(|l| (l.resource_a.as_str(), l.resource_b.as_str()))
+        .collect();
+    let mut out = Vec::new();
+    let mut keep: HashSet<(&str, &str)> = HashSet::new();
+    for w in wanted {
+        keep.insert((w.a.as_str(), w.b.as_str()));
+        let ends = [action_of.get(w.a.as_str()), action_of.get(w.b.as_str())];
+        let action = if !existing.contains(&(w.a.as_str(), w.b.as_str())) {
+            Action::Create
+        } else if ends.contains(&Some(&Action::Recreate)) {
+            Action::Create
+        } else if ends
+            .iter()
+            .any(|a| matches!(a, Some(Action::Update | Action::Create)))
+        {
+            Action::Update
+        } else {
+            Action::NoChange
+        };
+        out.push(PlannedLink {
+            a: w.a.clone(),
+            b: w.b.clone(),
+            link_type: w.link_type.clone(),
+            provider: w.provider.clone(),
+            action,
+        });
+    }
+    for l in &current.links {
+        if !keep.contains(&(l.resource_a.as_str(), l.resource_b.as_str())) {
+            out.push(PlannedLink {
+                a: l.resource_a.clone(),
+                b: l.resource_b.clone(),
+                link_type: l.link_type.clone(),
+                provider: provider_of(&l.link_type),
+                action: Action::Delete,
+            });
+        }
+    }
+    out
+}
+
+/// The provider of a recorded link: the namespace of its first resource type.
+pub fn provider_of(link_type: &str) -> String {
+    link_type.split('/').next().unwrap_or_default().to_owned()
+}
+
+pub fn to_json(links: &[PlannedLink]) -> Json {
+    Json::Array(
+        links
+            .iter()
+            .map(|l| {
+                json!({ "a": l.a, "b": l.b, "linkType": l.link_type,
+                        "provider": l.provider, "action": l.action.as_str() })
+            })
+            .collect(),
+    )
+}
+
+pub fn from_json(v: &Json) -> Option<Vec<PlannedLink>> {
+    v.as_array()?
+        .iter()
+        .map(|l| {
+            Some(PlannedLink {
+                a: l.get("a")?.as_str()?.to_owned(),
+                b: l.get("b")?.as_str()?.to_owned(),
+                link_type: l.get("linkType")?.as_str()?.to_owned(),
+                provider: l.get("provider")?.as_str()?.to_owned(),
+                action: Action::parse(l.get("action")?.as_str()?)?,
+            })
+        })
+        .collect()
+}
