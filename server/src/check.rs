@@ -22,6 +22,11 @@ pub struct PluginContext<'a> {
     /// runtime), never on an async worker.
     pub rt: Handle,
     pub manifests: Manifests,
+    /// Whether validation asks providers (their own resource validation, variable options).
+    /// Executing a change set turns it off: its inputs are exactly those validated at plan
+    /// time (the digest is checked), and a second round of calls would sit on the critical
+    /// path of every deploy.
+    pub ask_providers: bool,
 }
 
 impl<'a> PluginContext<'a> {
@@ -40,6 +45,7 @@ impl<'a> PluginContext<'a> {
             host,
             rt,
             manifests: Manifests::with_unavailable(ok, unavailable),
+            ask_providers: true,
         }
     }
 }
@@ -68,6 +74,32 @@ impl PluginAccess for PluginContext<'_> {
             .block_on(client.validate_resource(req, &CallOptions::default()))
             .map_err(message)?;
         Ok(resp.diagnostics)
+    }
+
+    fn validate_resources(
+        &self,
+        items: Vec<(String, String, pb::Value)>,
+    ) -> Vec<Result<Vec<pb::Diagnostic>, String>> {
+        use futures_util::stream::{self, StreamExt};
+        // Concurrent, bounded: the plugin answers many calls at once over one connection.
+        const IN_FLIGHT: usize = 64;
+        let calls = items.into_iter().map(|(ty, name, spec)| async move {
+            let ns = ty.split('/').next().unwrap_or_default();
+            let client = self.host.provider(ns).map_err(message)?;
+            let req = pb::ValidateResourceRequest {
+                context: None,
+                resource_type: ty.clone(),
+                resource_name: name,
+                spec: Some(spec),
+            };
+            client
+                .validate_resource(req, &CallOptions::default())
+                .await
+                .map(|r| r.diagnostics)
+                .map_err(message)
+        });
+        self.rt
+            .block_on(stream::iter(calls).buffered(IN_FLIGHT).collect::<Vec<_>>())
     }
 
     fn custom_variable_options(
@@ -214,7 +246,9 @@ pub fn check_source(
     let known = |ty: &str| {
         plugins.manifests.resource_type(ty).is_some() || plugins.manifests.has_variable_type(ty)
     };
-    plugin_checks::check(&bp, &known, plugins, &mut local);
+    if plugins.ask_providers {
+        plugin_checks::check(&bp, &known, plugins, &mut local);
+    }
     if let Some(t) = &transformed {
         t.map_back(&root, &mut local);
     }

@@ -21,6 +21,17 @@ pub trait PluginAccess {
         &self,
         variable_type: &str,
     ) -> Result<Vec<pb::CustomVariableOption>, String>;
+    /// Several `validate_resource` calls, answered in order. Hosts override it to make the
+    /// calls concurrently (a blueprint may have thousands of resources).
+    fn validate_resources(
+        &self,
+        items: Vec<(String, String, pb::Value)>,
+    ) -> Vec<Result<Vec<pb::Diagnostic>, String>> {
+        items
+            .into_iter()
+            .map(|(ty, name, spec)| self.validate_resource(&ty, &name, spec))
+            .collect()
+    }
 }
 
 /// Runs the plugin-side checks for every resource and custom-typed variable
@@ -31,14 +42,22 @@ pub fn check(
     plugins: &dyn PluginAccess,
     diags: &mut Diagnostics,
 ) {
-    for r in &bp.resources {
-        let (Some(ty), Some(spec)) = (&r.ty, &r.spec) else {
-            continue;
-        };
-        if !known(&ty.value) {
-            continue;
-        }
-        match plugins.validate_resource(&ty.value, &r.name.value, to_value(spec)) {
+    let asked: Vec<_> = bp
+        .resources
+        .iter()
+        .filter_map(|r| match (&r.ty, &r.spec) {
+            (Some(ty), Some(spec)) if known(&ty.value) => Some((r, ty, spec)),
+            _ => None,
+        })
+        .collect();
+    let answers = plugins.validate_resources(
+        asked
+            .iter()
+            .map(|(r, ty, spec)| (ty.value.clone(), r.name.value.clone(), to_value(spec)))
+            .collect(),
+    );
+    for ((r, ty, spec), answer) in asked.into_iter().zip(answers) {
+        match answer {
             Ok(found) => {
                 for d in found {
                     let steps = path_steps(d.path.as_ref());

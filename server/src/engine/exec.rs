@@ -143,8 +143,6 @@ pub enum Done {
     Deleted { before: Resource },
 }
 
-type JobResult = (usize, Result<Done, String>);
-
 async fn run_job(ctx: Arc<RunContext>, job: Job) -> Result<Done, String> {
     let inst = ctx.operation.instance_id.clone();
     let fail = |e: StateError| format!("state store: {e}");
@@ -415,7 +413,7 @@ fn schedule(
     let mut ready: std::collections::VecDeque<usize> = (0..nodes.len())
         .filter(|&i| nodes[i].waiting == 0)
         .collect();
-    let (tx, mut rx) = mpsc::unbounded_channel::<JobResult>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
     let mut in_flight = 0usize;
     let mut failure: Option<(String, bool)> = None;
     let mut done = 0usize;
@@ -429,20 +427,24 @@ fn schedule(
         }
     };
     loop {
-        while failure.is_none() && in_flight < ctx.max_parallel {
+        // Start what is ready. Creates and updates record their intents together, in one
+        // unit of work, before any of their provider calls goes out.
+        let mut batch: Vec<(usize, Apply)> = Vec::new();
+        while failure.is_none() && in_flight + batch.len() < ctx.max_parallel {
             if ctx.stop.is_cancelled() {
                 failure = Some(("the operation was stopped before it finished".into(), true));
                 break;
             }
             let Some(i) = ready.pop_front() else { break };
-            match start(i) {
-                Ok(Some(job)) => {
+            match start(i).map(|j| j.map(Job::batchable)) {
+                Ok(Some(Ok(apply))) => batch.push((i, apply)),
+                Ok(Some(Err(job))) => {
                     let tx = tx.clone();
                     let ctx2 = ctx.clone();
                     in_flight += 1;
                     ctx.rt.spawn(async move {
                         let r = run_job(ctx2, job).await;
-                        let _ = tx.send((i, r));
+                        let _ = tx.send(Msg::Done(i, r));
                     });
                 }
                 Ok(None) => {
@@ -452,22 +454,80 @@ fn schedule(
                 Err(e) => failure = Some((e, false)),
             }
         }
+        if !batch.is_empty() {
+            let (changes, events): (Vec<Change>, Vec<NewEvent>) =
+                batch.iter().map(|(_, job)| intent(job)).unzip();
+            match ctx.commit_blocking(changes, events) {
+                Ok(_) => {
+                    for (i, job) in batch {
+                        let tx = tx.clone();
+                        let ctx2 = ctx.clone();
+                        in_flight += 1;
+                        ctx.rt.spawn(async move {
+                            let r = call(&ctx2, &job).await;
+                            let _ = tx.send(Msg::Called(i, job, r));
+                        });
+                    }
+                }
+                Err(e) => {
+                    if failure.is_none() {
+                        failure = Some((format!("state store: {e}"), false));
+                    }
+                }
+            }
+        }
         if in_flight == 0 {
             break;
         }
-        let Some((i, result)) = rx.blocking_recv() else {
+        // Wait for one result, then take whatever else has arrived: outcomes of provider calls
+        // are recorded together, in one unit of work.
+        let Some(first) = rx.blocking_recv() else {
             break;
         };
-        in_flight -= 1;
-        match result {
-            Ok(d) => {
-                done += 1;
-                finish(i, &d);
-                release(nodes, &mut ready, i);
+        let mut arrived = vec![first];
+        while let Ok(m) = rx.try_recv() {
+            arrived.push(m);
+        }
+        in_flight -= arrived.len();
+        let mut results: Vec<(usize, Result<Done, String>)> = Vec::new();
+        let mut called = Vec::new();
+        for m in arrived {
+            match m {
+                Msg::Done(i, r) => results.push((i, r)),
+                Msg::Called(i, job, r) => called.push((i, job, r)),
             }
-            Err(e) => {
-                if failure.is_none() {
-                    failure = Some((e, false));
+        }
+        if !called.is_empty() {
+            let mut changes = Vec::new();
+            let mut events = Vec::new();
+            let mut outcomes = Vec::new();
+            for (i, job, r) in called {
+                let (c, e, done) = outcome(job, r);
+                changes.extend(c);
+                events.push(e);
+                outcomes.push((i, done));
+            }
+            match ctx.commit_blocking(changes, events) {
+                Ok(_) => results.extend(outcomes),
+                Err(e) => {
+                    // Nothing of the batch was recorded: the provider calls happened, their
+                    // intents stay, and reconcile settles them.
+                    let msg = format!("state store: {e}");
+                    results.extend(outcomes.into_iter().map(|(i, _)| (i, Err(msg.clone()))));
+                }
+            }
+        }
+        for (i, result) in results {
+            match result {
+                Ok(d) => {
+                    done += 1;
+                    finish(i, &d);
+                    release(nodes, &mut ready, i);
+                }
+                Err(e) => {
+                    if failure.is_none() {
+                        failure = Some((e, false));
+                    }
                 }
             }
         }
@@ -476,6 +536,215 @@ fn schedule(
         Some(f) => Err(f),
         None if done < nodes.len() => Err(("a dependency cycle blocked the plan".into(), false)),
         None => Ok(()),
+    }
+}
+
+/// A create or update: the jobs whose intents and outcomes the loop records in batches.
+enum Apply {
+    Create {
+        name: String,
+        ty: String,
+        spec: Json,
+        depends_on: Vec<String>,
+        metadata: Json,
+    },
+    Update {
+        current: Resource,
+        spec: Json,
+        depends_on: Vec<String>,
+        metadata: Json,
+    },
+}
+
+impl Job {
+    /// The job as a batchable create or update, or itself.
+    fn batchable(self) -> Result<Apply, Job> {
+        match self {
+            Job::Create {
+                name,
+                ty,
+                spec,
+                depends_on,
+                metadata,
+            } => Ok(Apply::Create {
+                name,
+                ty,
+                spec,
+                depends_on,
+                metadata,
+            }),
+            Job::Update {
+                current,
+                spec,
+                depends_on,
+                metadata,
+            } => Ok(Apply::Update {
+                current,
+                spec,
+                depends_on,
+                metadata,
+            }),
+            other => Err(other),
+        }
+    }
+}
+
+/// What a scheduled task reports.
+enum Msg {
+    /// A job that recorded its own steps.
+    Done(usize, Result<Done, String>),
+    /// A create or update whose intent the loop recorded; the loop records the outcome too.
+    Called(usize, Apply, Result<Applied, Failure>),
+}
+
+/// The intent of a create or update, and its event.
+fn intent(job: &Apply) -> (Change, NewEvent) {
+    match job {
+        Apply::Create {
+            name,
+            ty,
+            spec,
+            depends_on,
+            metadata,
+        } => (
+            Change::IntendCreate {
+                name: name.clone(),
+                resource_type: ty.clone(),
+                spec: spec.clone(),
+                depends_on: depends_on.clone(),
+                metadata: metadata.clone(),
+            },
+            NewEvent::new(
+                "resource.create_requested",
+                json!({ "resource": name, "type": ty }),
+            ),
+        ),
+        Apply::Update {
+            current,
+            spec,
+            depends_on,
+            metadata,
+        } => (
+            Change::IntendUpdate {
+                name: current.name.clone(),
+                spec: spec.clone(),
+                depends_on: depends_on.clone(),
+                metadata: metadata.clone(),
+            },
+            NewEvent::new(
+                "resource.update_requested",
+                json!({ "resource": current.name, "type": current.resource_type }),
+            ),
+        ),
+    }
+}
+
+/// The provider call of a create or update whose intent is recorded.
+async fn call(ctx: &RunContext, job: &Apply) -> Result<Applied, Failure> {
+    let inst = &ctx.operation.instance_id;
+    match job {
+        Apply::Create { name, ty, spec, .. } => {
+            ctx.provisioner
+                .apply(
+                    &new_target(inst, name, ty),
+                    state_values::to_pb(spec),
+                    &ctx.key(name, "create"),
+                )
+                .await
+        }
+        Apply::Update { current, spec, .. } => {
+            ctx.provisioner
+                .apply(
+                    &target(inst, current),
+                    state_values::to_pb(spec),
+                    &ctx.key(&current.name, "update"),
+                )
+                .await
+        }
+    }
+}
+
+/// The changes and event recording a create's or update's outcome, and what it means for the
+/// schedule.
+fn outcome(
+    job: Apply,
+    r: Result<Applied, Failure>,
+) -> (Vec<Change>, NewEvent, Result<Done, String>) {
+    match (job, r) {
+        (Apply::Create { name, ty, .. }, Ok(applied)) => (
+            vec![Change::ResourceCreated {
+                name: name.clone(),
+                external_id: applied.external_id,
+                state: applied.state.clone(),
+            }],
+            NewEvent::new("resource.created", json!({ "resource": name, "type": ty })),
+            Ok(Done::Created {
+                name,
+                state: applied.state,
+            }),
+        ),
+        (Apply::Update { current, .. }, Ok(applied)) => (
+            vec![Change::ResourceUpdated {
+                name: current.name.clone(),
+                external_id: Some(applied.external_id),
+                state: applied.state.clone(),
+            }],
+            NewEvent::new(
+                "resource.updated",
+                json!({ "resource": current.name, "type": current.resource_type }),
+            ),
+            Ok(Done::Updated {
+                before: current,
+                state: applied.state,
+            }),
+        ),
+        (
+            Apply::Create {
+                name,
+                ty,
+                spec,
+                depends_on,
+                metadata,
+            },
+            Err(f),
+        ) => {
+            // Something the provider created before failing is kept (as created, then failed
+            // to reach its spec), so it is not orphaned and the next plan updates it.
+            let mut changes = Vec::new();
+            if let Some(Applied { external_id, state }) = &f.partial {
+                changes.push(Change::ResourceCreated {
+                    name: name.clone(),
+                    external_id: external_id.clone(),
+                    state: state.clone(),
+                });
+                changes.push(Change::IntendUpdate {
+                    name: name.clone(),
+                    spec,
+                    depends_on,
+                    metadata,
+                });
+            }
+            changes.push(Change::ResourceFailed {
+                name: name.clone(),
+                reason: f.message.clone(),
+            });
+            let event = NewEvent::new(
+                "resource.failed",
+                json!({ "resource": name, "type": ty, "reason": f.message }),
+            );
+            (changes, event, Err(f.message))
+        }
+        (Apply::Update { current, .. }, Err(f)) => (
+            vec![Change::ResourceFailed {
+                name: current.name.clone(),
+                reason: f.message.clone(),
+            }],
+            NewEvent::new(
+                "resource.failed",
+                json!({ "resource": current.name, "type": current.resource_type, "reason": f.message }),
+            ),
+            Err(f.message),
+        ),
     }
 }
 

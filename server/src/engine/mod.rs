@@ -674,7 +674,8 @@ impl Engine {
             let runner = this.clone();
             let run_ctx = ctx.clone();
             let finish = tokio::task::spawn_blocking(move || {
-                let plugins = PluginContext::load(&runner.host, runner.rt.clone());
+                let mut plugins = PluginContext::load(&runner.host, runner.rt.clone());
+                plugins.ask_providers = false;
                 body(&runner, &run_ctx, &plugins)
             })
             .await
