@@ -108,7 +108,10 @@ def run(n, layers, latency, parallel):
             "rss_idle_mib": idle / 1024, "rss_peak_mib": peak[0] / 1024,
         }
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if os.environ.get("TRELLIS_BENCH_KEEP"):
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main():
