@@ -2277,6 +2277,12 @@ mod tests {
             }],
             summary: "1 to create, 1 to update, 1 to recreate, 1 to delete".into(),
             created_at_unix_ms: 0,
+            links: vec![pb::LinkChange {
+                resource_a: "env".into(),
+                resource_b: "config".into(),
+                link_type: "local/envFile::local/file".into(),
+                action: A::Create as i32,
+            }],
         }
     }
 
@@ -2455,6 +2461,11 @@ mod tests {
             doc["exports"],
             json!([{"name": "url", "action": "CREATE", "new": {"unknown": true}}])
         );
+        assert_eq!(
+            doc["links"],
+            json!([{"resourceA": "env", "resourceB": "config",
+                    "linkType": "local/envFile::local/file", "action": "CREATE"}])
+        );
         assert_eq!(doc["diagnostics"][0]["severity"], "warning");
         assert_eq!(doc["diagnostics"][0]["code"], "T0301");
         assert_eq!(doc["diagnostics"][0]["end_column"], 6);
@@ -2478,6 +2489,9 @@ Change set cs_1 for instance app (planned against version 3)
       spec.engine: \"postgres\" → \"mysql\"  (forces recreate)
 
   - old  (local/file)
+
+Links:
+  + env -> config  (local/envFile::local/file)
 
 Exports:
   + url: (known after deploy)

@@ -8,8 +8,8 @@
 pub mod blueprint;
 pub mod check;
 pub mod cli;
-mod cli_eval;
 pub mod cli_client;
+mod cli_eval;
 pub mod datasource;
 pub mod diag;
 pub mod document;

@@ -412,7 +412,10 @@ fn journal(name: &str) {
         .open(&path)
         .and_then(|mut f| f.write_all(line.as_bytes()));
     if let Err(e) = written {
-        eprintln!("sim: cannot append to the journal {}: {e}", path.to_string_lossy());
+        eprintln!(
+            "sim: cannot append to the journal {}: {e}",
+            path.to_string_lossy()
+        );
     }
 }
 

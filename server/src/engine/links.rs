@@ -109,9 +109,10 @@ pub fn plan_links(
     for w in wanted {
         keep.insert((w.a.as_str(), w.b.as_str()));
         let ends = [action_of.get(w.a.as_str()), action_of.get(w.b.as_str())];
-        let action = if !existing.contains(&(w.a.as_str(), w.b.as_str())) {
-            Action::Create
-        } else if ends.contains(&Some(&Action::Recreate)) {
+        // A recreated end took the link with it: it is created again.
+        let action = if !existing.contains(&(w.a.as_str(), w.b.as_str()))
+            || ends.contains(&Some(&Action::Recreate))
+        {
             Action::Create
         } else if ends
             .iter()

@@ -305,11 +305,7 @@ fn resource_deps(bp: &Blueprint, graph: &Graph, ev: &Evaluation) -> (Vec<Vec<usi
                 continue;
             }
             match graph.nodes[w] {
-                NodeRef::Resource(d) if d != t => {
-                    if !deps.contains(&d) {
-                        deps.push(d);
-                    }
-                }
+                NodeRef::Resource(d) if d != t && !deps.contains(&d) => deps.push(d),
                 NodeRef::Value(_) => stack.extend(graph.edges[w].iter().map(|(x, _)| *x)),
                 _ => {}
             }
@@ -383,15 +379,15 @@ impl Prepared {
 
 /// An export's value must be of its declared type.
 fn check_export_type(name: &str, ty: &str, v: Value) -> Result<Value, String> {
-    let ok = match (ty, &v) {
+    let ok = matches!(
+        (ty, &v),
         ("string", Value::Str(_))
-        | ("integer", Value::Int(_))
-        | ("float", Value::Float(_) | Value::Int(_))
-        | ("boolean", Value::Bool(_))
-        | ("array", Value::List(_))
-        | ("object", Value::Map(_)) => true,
-        _ => false,
-    };
+            | ("integer", Value::Int(_))
+            | ("float", Value::Float(_) | Value::Int(_))
+            | ("boolean", Value::Bool(_))
+            | ("array", Value::List(_))
+            | ("object", Value::Map(_))
+    );
     if ok {
         Ok(v)
     } else {

@@ -185,6 +185,40 @@ pub fn eval_to_api(v: &Value) -> pb::Value {
     }
 }
 
+/// `observed` (a provider's view of a spec) as an evaluator value in which every field that is
+/// secret in `recorded` reads `(sensitive)`: the masked copy the diff needs so drift reports
+/// never show a secret. `None` when `recorded` holds no secret.
+pub fn mask_like(observed: &Json, recorded: &Json) -> Option<Value> {
+    fn has_secret(v: &Json) -> bool {
+        match v {
+            Json::Object(o) => wrapped(o).is_some() || o.values().any(has_secret),
+            Json::Array(items) => items.iter().any(has_secret),
+            _ => false,
+        }
+    }
+    fn go(observed: &Json, recorded: Option<&Json>) -> Value {
+        match (observed, recorded) {
+            (_, Some(Json::Object(r))) if wrapped(r).is_some() => {
+                Value::Str(crate::eval::render::SENSITIVE_TEXT.to_owned())
+            }
+            (Json::Object(o), Some(Json::Object(r))) => Value::Map(
+                o.iter()
+                    .map(|(k, v)| (k.clone(), go(v, r.get(k))))
+                    .collect(),
+            ),
+            (Json::Array(items), Some(Json::Array(r))) => Value::List(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| go(v, r.get(i)))
+                    .collect(),
+            ),
+            (other, _) => Value::from_json(other),
+        }
+    }
+    has_secret(recorded).then(|| go(observed, Some(recorded)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,38 +252,4 @@ mod tests {
         let from = from_pb(&p);
         assert_eq!(from, stored);
     }
-}
-
-/// `observed` (a provider's view of a spec) as an evaluator value in which every field that is
-/// secret in `recorded` reads `(sensitive)`: the masked copy the diff needs so drift reports
-/// never show a secret. `None` when `recorded` holds no secret.
-pub fn mask_like(observed: &Json, recorded: &Json) -> Option<Value> {
-    fn has_secret(v: &Json) -> bool {
-        match v {
-            Json::Object(o) => wrapped(o).is_some() || o.values().any(has_secret),
-            Json::Array(items) => items.iter().any(has_secret),
-            _ => false,
-        }
-    }
-    fn go(observed: &Json, recorded: Option<&Json>) -> Value {
-        match (observed, recorded) {
-            (_, Some(Json::Object(r))) if wrapped(r).is_some() => {
-                Value::Str(crate::eval::render::SENSITIVE_TEXT.to_owned())
-            }
-            (Json::Object(o), Some(Json::Object(r))) => Value::Map(
-                o.iter()
-                    .map(|(k, v)| (k.clone(), go(v, r.get(k))))
-                    .collect(),
-            ),
-            (Json::Array(items), Some(Json::Array(r))) => Value::List(
-                items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| go(v, r.get(i)))
-                    .collect(),
-            ),
-            (other, _) => Value::from_json(other),
-        }
-    }
-    has_secret(recorded).then(|| go(observed, Some(recorded)))
 }
