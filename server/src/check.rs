@@ -147,6 +147,41 @@ impl crate::eval::expr::ExternalFunctions for PluginContext<'_> {
     }
 }
 
+impl crate::eval::blueprint::DataSourceFetcher for PluginContext<'_> {
+    fn fetch(
+        &self,
+        data_source_type: &str,
+        filters: &[crate::datasource::filter::Filter],
+    ) -> Result<Vec<crate::eval::value::Value>, String> {
+        let ns = data_source_type.split('/').next().unwrap_or_default();
+        let client = self.host.provider(ns).map_err(message)?;
+        let req = pb::FetchDataSourceRequest {
+            context: None,
+            data_source_type: data_source_type.to_owned(),
+            filters: filters
+                .iter()
+                .map(|f| pb::Filter {
+                    field: f.field.clone(),
+                    operator: f.operator.as_str().to_owned(),
+                    search: crate::plugins::values::from_eval(&f.search),
+                })
+                .collect(),
+        };
+        let resp = self
+            .rt
+            .block_on(client.fetch_data_source(req, &CallOptions::default()))
+            .map_err(message)?;
+        if let Some(e) = resp.error {
+            return Err(format!("provider `{ns}`: {}", e.message));
+        }
+        Ok(resp
+            .items
+            .iter()
+            .map(crate::plugins::values::to_eval)
+            .collect())
+    }
+}
+
 impl Transforms for PluginContext<'_> {
     fn transform(
         &self,

@@ -155,6 +155,12 @@ registry! {
     LINK_ANNOTATION_MISSING = "T0905" "link-annotation-missing" Error "A linked resource lacks an annotation its link type requires.";
     LINK_ANNOTATION_UNKNOWN = "T0906" "link-annotation-unknown" Warning "An annotation in a provider's namespace is not defined for the resource's type by any of its link types.";
     LINK_CYCLE = "T0907" "link-cycle" Error "Hard links, with references and `dependsOn`, order resources in a cycle.";
+
+    // T10xx: data sources at plan time.
+    DATASOURCE_FETCH = "T1001" "datasource-fetch" Error "Fetching a data source from its provider failed.";
+    DATASOURCE_NO_MATCH = "T1002" "datasource-no-match" Error "No item of a data source matched all of its filters.";
+    DATASOURCE_FILTER = "T1003" "datasource-filter" Error "A data source filter cannot be applied: its operator does not accept the field's or the search value's type.";
+    DATASOURCE_EXPORT = "T1004" "datasource-export" Error "The matched item lacks an exported field, or holds a value of another type than the export declares.";
 }
 
 /// Looks a code up by id (`T0501`) or name (`unknown-variable`).

@@ -46,6 +46,12 @@ impl Engine {
     }
 
     fn start_env(root: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Engine {
+        Engine::start_in(root, root, extra, env)
+    }
+
+    /// State and plugins under `root`, working directory (what `local` paths are relative to,
+    /// and where the CLI runs) `cwd`.
+    fn start_in(root: &Path, cwd: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Engine {
         let plugins = plugin_dir(root);
         let data = root.join("data");
         let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
@@ -56,7 +62,7 @@ impl Engine {
             .arg("--data-dir")
             .arg(&data)
             .args(extra)
-            .current_dir(root)
+            .current_dir(cwd)
             .env("TRELLIS_LOG_LEVEL", "warn")
             .envs(env.iter().map(|(k, v)| (*k, *v)))
             .stdout(Stdio::piped())
@@ -80,7 +86,7 @@ impl Engine {
         Engine {
             child,
             addr,
-            root: root.to_path_buf(),
+            root: cwd.to_path_buf(),
             plugins,
             data,
         }
@@ -851,4 +857,110 @@ fn links_select_by_label_and_follow_label_changes() {
     let (code, out) = engine.json(&["destroy", "--instance", "l"]);
     assert_eq!(code, 0, "{out}");
     assert!(!root.join("site").exists());
+}
+
+/// A blueprint whose `local/file` data source has one filter, and a resource that copies the
+/// matched file's content.
+fn datasource_blueprint(field: &str, operator: &str, search: &str) -> String {
+    format!(
+        r#"
+version: 2023-04-20
+variables:
+  wanted:
+    type: string
+    default: db.env
+datasources:
+  picked:
+    type: local/file
+    filter:
+      field: {field}
+      operator: "{operator}"
+      search: {search}
+    exports:
+      content:
+        type: string
+      file:
+        type: string
+        aliasFor: path
+resources:
+  copy:
+    type: local/file
+    spec:
+      path: copy.txt
+      content: ${{datasources.picked.content}}
+exports:
+  source:
+    type: string
+    field: datasources.picked.file
+"#
+    )
+}
+
+#[test]
+fn data_sources_are_fetched_at_plan_time_with_the_spec_operators() {
+    let root = TempDir::new("e2e-ds");
+    // The provider lists the engine's working directory: only these files are in it (sorted by
+    // path, the provider's order: conf/app.env, conf/db.env, notes.txt).
+    let site = root.join("site");
+    std::fs::create_dir_all(site.join("conf")).unwrap();
+    write(&site.join("conf/app.env"), "APP=1\n");
+    write(&site.join("conf/db.env"), "DB=2\n");
+    write(&site.join("notes.txt"), "notes\n");
+    let engine = Engine::start_in(root.path(), &site, &[], &[]);
+    let bp = root.join("ds.yaml");
+    let bp_arg = bp.to_str().unwrap();
+    // (field, operator, search) and the file the first match must be.
+    let cases = [
+        ("name", "=", "${variables.wanted}", "conf/db.env"),
+        ("name", "!=", "app.env", "conf/db.env"),
+        ("path", "starts with", "conf/d", "conf/db.env"),
+        ("path", "not starts with", "conf/", "notes.txt"),
+        ("name", "ends with", ".txt", "notes.txt"),
+        ("name", "not ends with", ".env", "notes.txt"),
+        ("name", "contains", "db", "conf/db.env"),
+        ("path", "not contains", "app", "conf/db.env"),
+        ("name", "in", "[notes.txt, nope]", "notes.txt"),
+        ("name", "not in", "[app.env, db.env]", "notes.txt"),
+    ];
+    for (i, (field, op, search, expected)) in cases.iter().enumerate() {
+        write(&bp, &datasource_blueprint(field, op, search));
+        let (code, plan) = engine.json(&["plan", bp_arg, "--instance", &format!("ds{i}")]);
+        assert_eq!(code, 0, "{field} {op} {search}: {plan}");
+        let copy = plan["changeSet"]["resources"][0]["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == "spec.content")
+            .cloned()
+            .unwrap();
+        let want = std::fs::read_to_string(site.join(expected)).unwrap();
+        assert_eq!(copy["new"], want.as_str(), "{field} {op} {search}");
+    }
+    // Deployed: the copy holds the matched file's content and the export names it.
+    write(
+        &bp,
+        &datasource_blueprint("name", "=", "${variables.wanted}"),
+    );
+    let (code, out) = engine.json(&["deploy", bp_arg, "--instance", "deployed"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        std::fs::read_to_string(site.join("copy.txt")).unwrap(),
+        "DB=2\n"
+    );
+    assert_eq!(
+        engine.instance("deployed")["exports"]["source"],
+        "conf/db.env"
+    );
+
+    // An operator the field's type does not take is an error naming both; so is no match.
+    for (field, op, search, code) in [
+        ("size", "starts with", "1", "T1003"),
+        ("name", "=", "missing.txt", "T1002"),
+    ] {
+        write(&bp, &datasource_blueprint(field, op, search));
+        let out = engine.cli(&["plan", bp_arg, "--instance", "bad"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let text = format!("{}{}", stderr(&out), String::from_utf8_lossy(&out.stdout));
+        assert!(text.contains(code), "{field} {op}: {text}");
+    }
 }

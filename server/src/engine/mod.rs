@@ -347,17 +347,23 @@ impl Engine {
         let max = self.config.max_input_size;
         let cwd = self.config.cwd.display().to_string();
         let planned_inputs = inputs.clone();
-        let (plan, diagnostics, errors) = self
+        let (plan, diagnostics, errors, datasources) = self
             .with_plugins(move |_, plugins| {
                 let mut prepared = prepare::prepare(&planned_inputs, max, plugins, &cwd);
                 if prepared.diags.has_errors() {
-                    return (Plan::default(), Vec::new(), Some(prepared.errors_text()));
+                    return (
+                        Plan::default(),
+                        Vec::new(),
+                        Some(prepared.errors_text()),
+                        Json::Null,
+                    );
                 }
                 let plan = plan::plan(&mut prepared, &current, &plugins.manifests, plugins);
                 if prepared.diags.has_errors() {
-                    return (plan, Vec::new(), Some(prepared.errors_text()));
+                    return (plan, Vec::new(), Some(prepared.errors_text()), Json::Null);
                 }
-                (plan, prepared.diagnostics_json(), None)
+                let fetched = prepared.datasources_json();
+                (plan, prepared.diagnostics_json(), None, fetched)
             })
             .await?;
         if let Some(errors) = errors {
@@ -369,6 +375,8 @@ impl Engine {
             "inputs": inputs.to_json(),
             "plan": plan.to_json(),
             "links": links::to_json(&plan.links),
+            // What the plan's data sources returned: execution uses exactly these.
+            "datasources": datasources,
             "summary": plan.summary(),
             "diagnostics": diagnostics,
         });
@@ -773,8 +781,38 @@ impl Engine {
             .and_then(links::from_json)
             .unwrap_or_default();
         let cwd = self.config.cwd.display().to_string();
-        let mut prepared: Prepared =
-            prepare::prepare(&inputs, self.config.max_input_size, plugins, &cwd);
+        let recorded = prepare::RecordedDataSources {
+            exports: cs
+                .body
+                .get("datasources")
+                .and_then(Json::as_object)
+                .map(|m| {
+                    m.iter()
+                        .map(|(name, fields)| {
+                            let exports = fields
+                                .as_object()
+                                .map(|f| {
+                                    f.iter()
+                                        .map(|(k, v)| {
+                                            (k.clone(), crate::eval::value::Value::from_json(v))
+                                        })
+                                        .collect()
+                                })
+                                .unwrap_or_default();
+                            (name.clone(), exports)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            plugins,
+        };
+        let mut prepared: Prepared = prepare::prepare_with(
+            &inputs,
+            self.config.max_input_size,
+            plugins,
+            &cwd,
+            Some(&recorded),
+        );
         if prepared.diags.has_errors() {
             return fail(format!(
                 "the blueprint no longer validates with the installed plugins:\n{}",

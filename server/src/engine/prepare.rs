@@ -8,11 +8,12 @@ use sha2::{Digest, Sha256};
 use crate::blueprint::Blueprint;
 use crate::check::{self, PluginContext};
 use crate::diag::{Diagnostic, Diagnostics, Severity};
-use crate::eval::blueprint::{Evaluation, evaluate, reevaluate};
+use crate::eval::blueprint::{DataSourceFetcher, Evaluation, evaluate_with, reevaluate};
 use crate::eval::functions::Env;
 use crate::eval::value::Value;
 use crate::source::SourceMap;
 use crate::validate::refs::{Graph, NodeRef};
+use indexmap::IndexMap;
 
 /// The exact inputs of a plan: the documents (the root blueprint first) and the variables as
 /// given. The change set keeps them, so executing it evaluates exactly what was planned.
@@ -120,6 +121,23 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The fetched data sources' exports, for the change set body.
+    pub fn datasources_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(
+            self.evaluation
+                .datasources
+                .iter()
+                .map(|(name, exports)| {
+                    let fields = exports
+                        .iter()
+                        .map(|(k, v)| (k.clone(), super::state_values::eval_to_json(v)))
+                        .collect();
+                    (name.clone(), serde_json::Value::Object(fields))
+                })
+                .collect(),
+        )
+    }
+
     /// Diagnostics in the engine API's flat form.
     pub fn diagnostics_json(&self) -> Vec<serde_json::Value> {
         self.diags
@@ -192,6 +210,37 @@ pub fn prepare(
     plugins: &PluginContext<'_>,
     cwd: &str,
 ) -> Prepared {
+    prepare_with(inputs, max_input_size, plugins, cwd, None)
+}
+
+/// Data source exports a plan fetched, replayed when its change set executes.
+pub struct RecordedDataSources<'a> {
+    pub exports: IndexMap<String, IndexMap<String, Value>>,
+    pub plugins: &'a PluginContext<'a>,
+}
+
+impl DataSourceFetcher for RecordedDataSources<'_> {
+    fn fetch(
+        &self,
+        data_source_type: &str,
+        filters: &[crate::datasource::filter::Filter],
+    ) -> Result<Vec<Value>, String> {
+        self.plugins.fetch(data_source_type, filters)
+    }
+
+    fn recorded(&self, name: &str) -> Option<IndexMap<String, Value>> {
+        self.exports.get(name).cloned()
+    }
+}
+
+/// [`prepare`], with the data source exports a plan recorded (at execution).
+pub fn prepare_with(
+    inputs: &Inputs,
+    max_input_size: usize,
+    plugins: &PluginContext<'_>,
+    cwd: &str,
+    recorded: Option<&RecordedDataSources<'_>>,
+) -> Prepared {
     let mut sources = SourceMap::new();
     let mut diags = Diagnostics::default();
     let (name, bytes) = inputs
@@ -237,12 +286,17 @@ pub fn prepare(
         link: &link,
     };
     let mut diags = Diagnostics::default();
-    prepared.evaluation = evaluate(
+    let fetcher: &dyn DataSourceFetcher = match recorded {
+        Some(r) => r,
+        None => plugins,
+    };
+    prepared.evaluation = evaluate_with(
         &prepared.blueprint,
         &prepared.graph,
         &inputs.variables,
         &env,
         Some(plugins),
+        Some(fetcher),
         &mut diags,
     );
     diags.sort();

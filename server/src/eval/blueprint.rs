@@ -160,6 +160,36 @@ pub fn evaluate(
     external: Option<&dyn ExternalFunctions>,
     diags: &mut Diagnostics,
 ) -> Evaluation {
+    evaluate_with(bp, graph, supplied, env, external, None, diags)
+}
+
+/// Fetches the candidate items of a data source type from its provider (the engine's plugin
+/// host). Filters are passed as a hint; the engine applies them itself.
+pub trait DataSourceFetcher {
+    fn fetch(
+        &self,
+        data_source_type: &str,
+        filters: &[crate::datasource::filter::Filter],
+    ) -> Result<Vec<Value>, String>;
+
+    /// The exports recorded for the data source named `name` when it was fetched before (a
+    /// change set executes with what its plan fetched); `None` fetches.
+    fn recorded(&self, _name: &str) -> Option<IndexMap<String, Value>> {
+        None
+    }
+}
+
+/// [`evaluate`], fetching data sources in dependency order when `fetcher` is given (at plan
+/// time); without one they stay unknown.
+pub fn evaluate_with(
+    bp: &Blueprint,
+    graph: &Graph,
+    supplied: &[(String, String)],
+    env: &Env<'_>,
+    external: Option<&dyn ExternalFunctions>,
+    fetcher: Option<&dyn DataSourceFetcher>,
+    diags: &mut Diagnostics,
+) -> Evaluation {
     let mut ev = resolve_variables(bp, supplied);
     for v in &bp.values {
         if v.secret {
@@ -221,10 +251,145 @@ pub fn evaluate(
                 ev.values.insert(def.name.value.clone(), value);
             }
             NodeRef::Resource(i) => expand(&bp.resources[i], &mut ev, env, external, diags),
-            NodeRef::DataSource(_) | NodeRef::Child(_) => {}
+            NodeRef::DataSource(i) => {
+                if let Some(fetch) = fetcher {
+                    let ds = &bp.datasources[i];
+                    let scope = ev.scope_with(env, None, external);
+                    if let Some(exports) = fetch_datasource(ds, &scope, fetch, diags) {
+                        ev.datasources.insert(ds.name.value.clone(), exports);
+                    }
+                }
+            }
+            NodeRef::Child(_) => {}
         }
     }
     ev
+}
+
+/// Fetches one data source: its filters' search values evaluated, the provider's items filtered
+/// with the specification's operator semantics, the first match's exports read and typed.
+/// `None` (with a diagnostic) when any step fails; references to it then read unknown.
+fn fetch_datasource(
+    ds: &crate::blueprint::DataSource,
+    scope: &Scope<'_>,
+    fetch: &dyn DataSourceFetcher,
+    diags: &mut Diagnostics,
+) -> Option<IndexMap<String, Value>> {
+    use crate::datasource::filter::{Export, ExportType, Filter, Operator, export, select};
+    let name = &ds.name.value;
+    if let Some(recorded) = fetch.recorded(name) {
+        return Some(recorded);
+    }
+    let ty = ds.ty.as_ref()?;
+    let mut filters = Vec::new();
+    let mut failed = false;
+    for f in &ds.filters {
+        let (Some(field), Some(op), Some(search)) = (&f.field, &f.operator, &f.search) else {
+            // Incomplete filters are validation errors already.
+            return None;
+        };
+        let op = Operator::parse(&op.value)?;
+        let search = node(search, scope, &mut |e| {
+            failed = true;
+            diags.push(scope.hide(e).into_diagnostic());
+        });
+        if search.deep_contains_unknown() {
+            diags.push(Diagnostic::new(
+                &codes::DATASOURCE_FILTER,
+                f.span,
+                format!(
+                    "data source `{name}`: the search value of the filter on `{}` is known only after deploy; data sources are fetched when planning",
+                    field.value
+                ),
+            ));
+            return None;
+        }
+        filters.push(Filter::new(field.value.clone(), op, search));
+    }
+    if failed {
+        return None;
+    }
+    let items = match fetch.fetch(&ty.value, &filters) {
+        Ok(items) => items,
+        Err(message) => {
+            diags.push(Diagnostic::new(
+                &codes::DATASOURCE_FETCH,
+                ty.span,
+                format!("data source `{name}` ({}): {message}", ty.value),
+            ));
+            return None;
+        }
+    };
+    let item = match select(&items, &filters) {
+        Ok(Some(item)) => item,
+        Ok(None) => {
+            let absent = crate::datasource::filter::absent_fields(&items, &filters);
+            let mut d = Diagnostic::new(
+                &codes::DATASOURCE_NO_MATCH,
+                ds.name.span,
+                format!(
+                    "data source `{name}` ({}): none of the {} item{} the provider returned matched every filter",
+                    ty.value,
+                    items.len(),
+                    if items.len() == 1 { "" } else { "s" }
+                ),
+            );
+            if !absent.is_empty() {
+                d = d.with_hint(format!(
+                    "no item has the field{} {}",
+                    if absent.len() == 1 { "" } else { "s" },
+                    absent
+                        .iter()
+                        .map(|f| format!("`{f}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            diags.push(d);
+            return None;
+        }
+        Err(e) => {
+            let span = ds
+                .filters
+                .iter()
+                .find(|f| f.field.as_ref().is_some_and(|x| x.value == e.field))
+                .map_or(ds.name.span, |f| f.span);
+            diags.push(Diagnostic::new(
+                &codes::DATASOURCE_FILTER,
+                span,
+                format!("data source `{name}`: {e}"),
+            ));
+            return None;
+        }
+    };
+    let exports: Vec<Export> = ds
+        .exports
+        .iter()
+        .filter_map(|x| {
+            let t = ExportType::parse(x.ty.as_ref().map_or("string", |t| t.value.as_str()))?;
+            let mut e = Export::new(x.name.value.clone(), t);
+            if let Some(a) = &x.alias_for {
+                e = e.alias_for(a.value.clone());
+            }
+            Some(e)
+        })
+        .collect();
+    match export(item, &exports) {
+        Ok(values) => Some(values),
+        Err(e) => {
+            let span = ds
+                .exports
+                .iter()
+                .find(|x| x.name.value == e.export)
+                .map_or(ds.name.span, |x| x.name.span);
+            diags.push(Diagnostic::new(
+                &codes::DATASOURCE_EXPORT,
+                span,
+                format!("data source `{name}`: {e}"),
+            ));
+            None
+        }
+    }
 }
 
 /// Evaluates resource `idx` of `ev.resources` again, against the scope as it is now: the
