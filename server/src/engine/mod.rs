@@ -358,6 +358,7 @@ impl Engine {
                         Json::Null,
                     );
                 }
+                prepared.read_links(&current);
                 let plan = plan::plan(&mut prepared, &current, &plugins.manifests, plugins);
                 if prepared.diags.has_errors() {
                     return (plan, Vec::new(), Some(prepared.errors_text()), Json::Null);
@@ -819,6 +820,7 @@ impl Engine {
                 prepared.errors_text()
             ));
         }
+        prepared.read_links(&before);
         let (outcome, done) = exec::deploy(ctx, &mut prepared, &plan, &before, plugins);
         match outcome {
             Outcome::Succeeded => {
@@ -878,6 +880,7 @@ impl Engine {
             .rt
             .block_on(ctx.store.load_state(&ctx.operation.instance_id))
             .map_err(|e| e.to_string())?;
+        prepared.read_links(&state);
         for r in &state.resources {
             if let (Some(idx), Some(s)) = (prepared.find(&r.name), &r.state) {
                 let slot = prepared.evaluation.resources[idx].instance;

@@ -118,6 +118,8 @@ pub struct Prepared {
     templates: std::collections::HashMap<String, usize>,
     /// The links the blueprint selects.
     pub links: Vec<super::links::WantedLink>,
+    /// Link data recorded in state, by (resource A, resource B): what `${link(a, b)}` reads.
+    pub link_data: std::collections::HashMap<(String, String), Value>,
 }
 
 impl Prepared {
@@ -160,15 +162,13 @@ impl Prepared {
 
     /// The resource entry named `name`.
     pub fn find(&self, name: &str) -> Option<usize> {
-        self.evaluation
-            .resources
-            .iter()
-            .position(|x| x.name == name)
+        self.by_name.get(name).copied()
     }
 
     /// Evaluates resource `idx` again against the states now recorded in the evaluation.
     pub fn reevaluate(&mut self, idx: usize, plugins: &PluginContext<'_>) -> Vec<Diagnostic> {
-        let link = |_: &str, _: &str| Value::Unknown;
+        let data = std::mem::take(&mut self.link_data);
+        let link = |a: &str, b: &str| link_value(&data, a, b);
         let env = Env {
             cwd: &self.cwd,
             now_unix_nanos: self.now_unix_nanos,
@@ -189,7 +189,22 @@ impl Prepared {
             Some(plugins),
             &mut diags,
         );
+        self.link_data = data;
         diags.items
+    }
+
+    /// Records the links in `state` for `${link(a, b)}`.
+    pub fn read_links(&mut self, state: &crate::state::InstanceState) {
+        self.link_data = state
+            .links
+            .iter()
+            .map(|l| {
+                (
+                    (l.resource_a.clone(), l.resource_b.clone()),
+                    super::state_values::to_eval(&l.data),
+                )
+            })
+            .collect();
     }
 
     /// Renders diagnostics found after preparation (re-evaluation) as text.
@@ -270,6 +285,7 @@ pub fn prepare_with(
         by_name: Default::default(),
         templates: Default::default(),
         links: Vec::new(),
+        link_data: Default::default(),
     };
     let Some(checked) = checked else {
         return prepared;
@@ -394,7 +410,7 @@ impl Prepared {
         &self,
         plugins: &PluginContext<'_>,
     ) -> Vec<(String, String, Result<Value, String>)> {
-        let link = |_: &str, _: &str| Value::Unknown;
+        let link = |a: &str, b: &str| link_value(&self.link_data, a, b);
         let env = Env {
             cwd: &self.cwd,
             now_unix_nanos: self.now_unix_nanos,
@@ -429,6 +445,19 @@ impl Prepared {
         }
         out
     }
+}
+
+/// The recorded data of the link between `a` and `b` (either way round); unknown until the
+/// link is deployed.
+fn link_value(
+    data: &std::collections::HashMap<(String, String), Value>,
+    a: &str,
+    b: &str,
+) -> Value {
+    data.get(&(a.to_owned(), b.to_owned()))
+        .or_else(|| data.get(&(b.to_owned(), a.to_owned())))
+        .cloned()
+        .unwrap_or(Value::Unknown)
 }
 
 /// An export's value must be of its declared type.
