@@ -1909,6 +1909,15 @@ pub fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> String 
             line.push_str(&format!("  ({ty})"));
         }
     }
+    if let (Some(a), Some(b)) = (
+        str_field(&payload, "resourceA"),
+        str_field(&payload, "resourceB"),
+    ) {
+        line.push_str(&format!("  {a} -> {b}"));
+        if let Some(ty) = str_field(&payload, "linkType") {
+            line.push_str(&format!("  ({ty})"));
+        }
+    }
     if let Some(status) = str_field(&payload, "status") {
         line.push_str("  ");
         line.push_str(&status.to_uppercase());
@@ -2711,6 +2720,15 @@ To deploy it: trellis deploy --change-set cs_1
             json!({"resource": "web", "reason": "timeout"}),
         );
         assert_eq!(event_line(&failed, &types), "resource.failed  web: timeout");
+        let linked = event(
+            15,
+            "link.created",
+            json!({"resourceA": "env", "resourceB": "config", "linkType": "local/envFile::local/file"}),
+        );
+        assert_eq!(
+            event_line(&linked, &types),
+            "link.created  env -> config  (local/envFile::local/file)"
+        );
         let finished = event(14, "operation.finished", json!({"status": "succeeded"}));
         assert_eq!(
             event_line(&finished, &types),
