@@ -140,6 +140,10 @@ pub struct Engine {
     running: Mutex<HashMap<String, Running>>,
     /// Wakes drain when an operation ends.
     finished: tokio::sync::Notify,
+    /// The evaluated blueprint of the change set this engine planned last, so executing it
+    /// right after (what `trellis deploy FILE` does) skips reading and evaluating the inputs
+    /// again. One entry: a large blueprint's evaluation is big.
+    last_planned: Mutex<Option<(String, Prepared)>>,
     draining: AtomicBool,
     rt: Handle,
 }
@@ -175,6 +179,7 @@ impl Engine {
             config,
             running: Mutex::new(HashMap::new()),
             finished: tokio::sync::Notify::new(),
+            last_planned: Mutex::new(None),
             draining: AtomicBool::new(false),
             rt,
         })
@@ -347,7 +352,7 @@ impl Engine {
         let max = self.config.max_input_size;
         let cwd = self.config.cwd.display().to_string();
         let planned_inputs = inputs.clone();
-        let (plan, diagnostics, errors, datasources) = self
+        let (plan, diagnostics, errors, datasources, prepared) = self
             .with_plugins(move |_, plugins| {
                 let mut prepared = prepare::prepare(&planned_inputs, max, plugins, &cwd);
                 if prepared.diags.has_errors() {
@@ -356,15 +361,23 @@ impl Engine {
                         Vec::new(),
                         Some(prepared.errors_text()),
                         Json::Null,
+                        None,
                     );
                 }
                 prepared.read_links(&current);
                 let plan = plan::plan(&mut prepared, &current, &plugins.manifests, plugins);
                 if prepared.diags.has_errors() {
-                    return (plan, Vec::new(), Some(prepared.errors_text()), Json::Null);
+                    return (
+                        plan,
+                        Vec::new(),
+                        Some(prepared.errors_text()),
+                        Json::Null,
+                        None,
+                    );
                 }
                 let fetched = prepared.datasources_json();
-                (plan, prepared.diagnostics_json(), None, fetched)
+                let diagnostics = prepared.diagnostics_json();
+                (plan, diagnostics, None, fetched, Some(prepared))
             })
             .await?;
         if let Some(errors) = errors {
@@ -390,6 +403,9 @@ impl Engine {
                 body,
             })
             .await?;
+        if let Some(p) = prepared {
+            *self.last_planned.lock().unwrap_or_else(|e| e.into_inner()) = Some((cs.id.clone(), p));
+        }
         Ok(ChangeSetView {
             change_set: cs,
             instance_name: inst.name,
@@ -781,6 +797,16 @@ impl Engine {
             .get("links")
             .and_then(links::from_json)
             .unwrap_or_default();
+        let cached = {
+            let mut slot = self.last_planned.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.take() {
+                Some((id, p)) if id == cs.id => Some(p),
+                other => {
+                    *slot = other;
+                    None
+                }
+            }
+        };
         let cwd = self.config.cwd.display().to_string();
         let recorded = prepare::RecordedDataSources {
             exports: cs
@@ -807,13 +833,18 @@ impl Engine {
                 .unwrap_or_default(),
             plugins,
         };
-        let mut prepared: Prepared = prepare::prepare_with(
-            &inputs,
-            self.config.max_input_size,
-            plugins,
-            &cwd,
-            Some(&recorded),
-        );
+        // The evaluation from planning when this engine still has it (same inputs: the digest
+        // was checked; same state: the instance version is the planned one).
+        let mut prepared: Prepared = match cached {
+            Some(p) => p,
+            None => prepare::prepare_with(
+                &inputs,
+                self.config.max_input_size,
+                plugins,
+                &cwd,
+                Some(&recorded),
+            ),
+        };
         if prepared.diags.has_errors() {
             return fail(format!(
                 "the blueprint no longer validates with the installed plugins:\n{}",
