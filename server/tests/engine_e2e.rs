@@ -964,3 +964,58 @@ fn data_sources_are_fetched_at_plan_time_with_the_spec_operators() {
         assert!(text.contains(code), "{field} {op}: {text}");
     }
 }
+
+#[test]
+fn cancel_stops_an_operation_at_a_safe_point() {
+    let root = TempDir::new("e2e-cancel");
+    let engine = Engine::start(&root);
+    let bp = "version: 2023-04-20\nresources:\n  first:\n    type: sim/resource\n    spec:\n      latencyMs: 1500\n  second:\n    type: sim/resource\n    dependsOn: [first]\n    spec:\n      latencyMs: 10\n";
+    write(&root.join("c.yaml"), bp);
+    let args: Vec<String> = [
+        "deploy",
+        "c.yaml",
+        "--instance",
+        "c",
+        "--engine",
+        &engine.addr,
+        "--format",
+        "json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let dir = engine.root.clone();
+    let deploy = std::thread::spawn(move || {
+        Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .args(&args)
+            .current_dir(dir)
+            .output()
+            .unwrap()
+    });
+    // Wait until `first` is in flight, then cancel its operation.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let op = loop {
+        assert!(Instant::now() < deadline, "the deploy did not start");
+        let out = engine.cli(&["events", "--instance", "c", "--format", "json"]);
+        let found = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["kind"] == "resource.create_requested")
+            .and_then(|e| e["operationId"].as_str().map(str::to_owned));
+        if let Some(op) = found {
+            break op;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = engine.cli(&["cancel", &op]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = deploy.join().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["operation"]["status"], "CANCELLED", "{doc}");
+    // The call in flight finished and is recorded; nothing new started after the cancel.
+    let inst = engine.instance("c");
+    assert_eq!(inst["resources"]["first"]["status"], "CREATED", "{inst}");
+    assert!(inst["resources"].get("second").is_none(), "{inst}");
+    assert_eq!(inst["status"], "DEPLOY_FAILED");
+}
