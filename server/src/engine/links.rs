@@ -175,3 +175,109 @@ pub fn from_json(v: &Json) -> Option<Vec<PlannedLink>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Instance, InstanceStatus, Link, ResourceStatus, Timestamp};
+
+    fn wanted(a: &str, b: &str) -> WantedLink {
+        WantedLink {
+            a: a.into(),
+            b: b.into(),
+            link_type: "local/envFile::local/file".into(),
+            provider: "local".into(),
+            order: None,
+        }
+    }
+
+    fn planned(name: &str, action: Action) -> PlannedResource {
+        PlannedResource {
+            name: name.into(),
+            resource_type: "local/file".into(),
+            action,
+            fields: vec![],
+            reason: String::new(),
+            depends_on: vec![],
+        }
+    }
+
+    fn state(links: &[(&str, &str)]) -> InstanceState {
+        let t = Timestamp::from_millis(0);
+        InstanceState {
+            instance: Instance {
+                id: "i".into(),
+                name: "i".into(),
+                status: InstanceStatus::Deployed,
+                version: 1,
+                last_seq: 0,
+                pruned_through: 0,
+                lease_epoch: 0,
+                lease: None,
+                created_at: t,
+                updated_at: t,
+            },
+            resources: vec![],
+            links: links
+                .iter()
+                .map(|(a, b)| Link {
+                    instance_id: "i".into(),
+                    resource_a: (*a).into(),
+                    resource_b: (*b).into(),
+                    link_type: "local/envFile::local/file".into(),
+                    status: ResourceStatus::Created,
+                    data: Json::Null,
+                    created_at: t,
+                    updated_at: t,
+                })
+                .collect(),
+            children: vec![],
+            exports: vec![],
+        }
+    }
+
+    fn actions(links: &[PlannedLink]) -> Vec<(String, &'static str)> {
+        links
+            .iter()
+            .map(|l| (format!("{}->{}", l.a, l.b), l.action.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn link_changes_follow_their_ends() {
+        let want = [
+            wanted("env", "a"),
+            wanted("env", "b"),
+            wanted("env", "c"),
+            wanted("env", "d"),
+        ];
+        let current = state(&[("env", "a"), ("env", "b"), ("env", "c"), ("env", "gone")]);
+        let resources = [
+            planned("env", Action::NoChange),
+            planned("a", Action::NoChange),
+            planned("b", Action::Update),
+            planned("c", Action::Recreate),
+            planned("d", Action::Create),
+        ];
+        assert_eq!(
+            actions(&plan_links(&want, &current, &resources)),
+            [
+                ("env->a".to_owned(), "NO_CHANGE"),
+                // An end changed: the provider sees the link again.
+                ("env->b".to_owned(), "UPDATE"),
+                // A recreated end lost its link with its removal.
+                ("env->c".to_owned(), "CREATE"),
+                ("env->d".to_owned(), "CREATE"),
+                // Selected no more.
+                ("env->gone".to_owned(), "DELETE"),
+            ]
+        );
+    }
+
+    #[test]
+    fn planned_links_round_trip_through_the_change_set_body() {
+        let links = plan_links(&[wanted("env", "a")], &state(&[("x", "y")]), &[]);
+        assert_eq!(from_json(&to_json(&links)).unwrap(), links);
+        assert_eq!(provider_of("local/envFile::local/file"), "local");
+    }
+}

@@ -390,3 +390,76 @@ pub fn removal_order<'a>(
     order.reverse();
     order
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Resource, Timestamp};
+
+    fn recorded(name: &str, depends_on: &[&str]) -> Resource {
+        let t = Timestamp::from_millis(0);
+        Resource {
+            instance_id: "i".into(),
+            name: name.into(),
+            resource_type: "sim/resource".into(),
+            spec: Json::Null,
+            state: None,
+            status: ResourceStatus::Created,
+            depends_on: depends_on.iter().map(|d| (*d).to_owned()).collect(),
+            metadata: Json::Null,
+            external_id: None,
+            failure_reason: None,
+            created_at: t,
+            updated_at: t,
+        }
+    }
+
+    #[test]
+    fn removals_go_dependents_first() {
+        // app reads db and cache; db reads net.
+        let rs = [
+            recorded("net", &[]),
+            recorded("db", &["net"]),
+            recorded("cache", &[]),
+            recorded("app", &["db", "cache"]),
+        ];
+        let refs: Vec<&Resource> = rs.iter().collect();
+        let order: Vec<&str> = removal_order(&refs)
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        let pos = |n: &str| order.iter().position(|x| *x == n).unwrap();
+        assert_eq!(order.len(), 4);
+        assert!(
+            pos("app") < pos("db") && pos("app") < pos("cache"),
+            "{order:?}"
+        );
+        assert!(pos("db") < pos("net"), "{order:?}");
+    }
+
+    #[test]
+    fn plans_round_trip_through_the_change_set_body() {
+        let plan = Plan {
+            resources: vec![PlannedResource {
+                name: "a".into(),
+                resource_type: "local/file".into(),
+                action: Action::Update,
+                fields: vec![FieldChange {
+                    path: "spec.content".into(),
+                    previous: Some(Shown::Value(json!("x"))),
+                    new: Some(Shown::Sensitive),
+                    must_recreate: false,
+                }],
+                reason: String::new(),
+                depends_on: vec!["b".into()],
+            }],
+            links: vec![],
+        };
+        assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
+        assert_eq!(
+            plan.summary(),
+            "0 to create, 1 to update, 0 to recreate, 0 to delete, 0 unchanged"
+        );
+        assert!(!plan.is_empty());
+    }
+}
