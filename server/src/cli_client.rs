@@ -506,11 +506,70 @@ fn blueprint_source(path: &str) -> Result<pb::BlueprintSource, Failure> {
     })
 }
 
-/// Local files the blueprint includes, to send along with it. None yet: an include's
-/// `path` is resolved by the engine; when the engine reads local includes from the request,
-/// they are collected here (relative to the blueprint's directory).
-fn include_files(_path: &str, _content: &[u8]) -> Result<Vec<pb::SourceFile>, Failure> {
-    Ok(Vec::new())
+/// Local files the blueprint includes (and what they include), to send along with it: every
+/// include whose `path` is written literally and relative, keyed by its path on this machine
+/// as the blueprint's own name gives it (`sub/app.yaml` includes `./a.yaml` as `sub/a.yaml`),
+/// which is how the engine looks them up. Paths with `${..}` or absolute ones
+/// are resolved by the engine on its host; a file that cannot be read is left for the engine
+/// to report where the include is written.
+fn include_files(path: &str, content: &[u8]) -> Result<Vec<pb::SourceFile>, Failure> {
+    let mut out: Vec<pb::SourceFile> = Vec::new();
+    let root_dir = path
+        .rfind('/')
+        .map_or(String::new(), |i| path[..i].to_owned());
+    let mut queue = vec![(root_dir, path.to_owned(), content.to_vec(), 0usize)];
+    while let Some((dir, name, bytes, depth)) = queue.pop() {
+        if depth > crate::engine::children::MAX_DEPTH {
+            continue;
+        }
+        for literal in literal_includes(&name, bytes) {
+            let key = crate::engine::children::normalize(&if dir.is_empty() {
+                literal
+            } else {
+                format!("{dir}/{literal}")
+            });
+            if key == path || out.iter().any(|f| f.path == key) {
+                continue;
+            }
+            let Ok(child) = std::fs::read(&key) else {
+                continue;
+            };
+            let child_dir = key
+                .rfind('/')
+                .map_or(String::new(), |i| key[..i].to_owned());
+            queue.push((child_dir, key.clone(), child.clone(), depth + 1));
+            out.push(pb::SourceFile {
+                path: key,
+                content: child,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The include paths of a document that are plain relative text (no `${..}`, no scheme).
+fn literal_includes(name: &str, bytes: Vec<u8>) -> Vec<String> {
+    use crate::subst::Part;
+    let mut sources = crate::source::SourceMap::new();
+    let mut diags = crate::diag::Diagnostics::default();
+    let Some(file) = crate::document::load_bytes(&mut sources, name, bytes, usize::MAX, &mut diags)
+    else {
+        return Vec::new();
+    };
+    let format = crate::document::Format::from_path(name);
+    let Some(root) = crate::document::parse(&sources, file, format, &mut diags) else {
+        return Vec::new();
+    };
+    let bp = crate::blueprint::load(&root, sources.get(file), file, &mut diags);
+    bp.include
+        .iter()
+        .filter_map(|inc| match inc.path.as_ref()?.parts.as_slice() {
+            [Part::Lit(text)] if !text.starts_with('/') && !text.contains("://") => {
+                Some(text.clone())
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn variables(vars: &[(String, String)]) -> Vec<pb::Variable> {

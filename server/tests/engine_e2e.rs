@@ -1019,3 +1019,114 @@ fn cancel_stops_an_operation_at_a_safe_point() {
     assert!(inst["resources"].get("second").is_none(), "{inst}");
     assert_eq!(inst["status"], "DEPLOY_FAILED");
 }
+
+#[test]
+fn included_children_deploy_in_order_and_feed_each_other() {
+    let root = TempDir::new("e2e-children");
+    let engine = Engine::start(&root);
+    std::fs::create_dir_all(root.join("parts")).unwrap();
+    // `store` makes a directory and exports its path; `app` writes a file into the directory
+    // it is given and exports the file's path; the parent reads app's export.
+    write(
+        &root.join("parts/store.yaml"),
+        r#"
+version: 2023-04-20
+variables:
+  dir:
+    type: string
+resources:
+  data:
+    type: local/directory
+    spec:
+      path: ${variables.dir}
+exports:
+  path:
+    type: string
+    field: resources.data.spec.path
+"#,
+    );
+    write(
+        &root.join("parts/app.yaml"),
+        r#"
+version: 2023-04-20
+variables:
+  dataDir:
+    type: string
+resources:
+  config:
+    type: local/file
+    spec:
+      path: ${variables.dataDir}/app.conf
+      content: stored in ${variables.dataDir}
+exports:
+  configPath:
+    type: string
+    field: resources.config.spec.path
+"#,
+    );
+    write(
+        &root.join("main.yaml"),
+        r#"
+version: 2023-04-20
+include:
+  app:
+    path: ./parts/app.yaml
+    variables:
+      dataDir: ${children.store.path}
+  store:
+    path: parts/store.yaml
+    variables:
+      dir: shared
+resources:
+  pointer:
+    type: local/file
+    spec:
+      path: pointer.txt
+      content: ${children.app.configPath}
+exports:
+  config:
+    type: string
+    field: children.app.configPath
+"#,
+    );
+    let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    // store ran before app (app's file lives in store's directory), the parent after both.
+    assert_eq!(
+        std::fs::read_to_string(root.join("shared/app.conf")).unwrap(),
+        "stored in shared"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("pointer.txt")).unwrap(),
+        "shared/app.conf"
+    );
+    let main = engine.instance("main");
+    assert_eq!(main["exports"]["config"], "shared/app.conf", "{main}");
+    assert_eq!(main["children"].as_array().unwrap().len(), 2, "{main}");
+    // The children are instances of their own.
+    assert_eq!(engine.instance("main/store")["status"], "DEPLOYED");
+    assert_eq!(
+        engine.instance("main/app")["exports"]["configPath"],
+        "shared/app.conf"
+    );
+
+    // Destroy: the parent's resources, then the children.
+    let (code, out) = engine.json(&["destroy", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!root.join("pointer.txt").exists());
+    assert!(!root.join("shared").exists());
+    assert_eq!(engine.instance("main/app")["status"], "DESTROYED");
+
+    // An include cycle is an error naming the chain, not a hang.
+    write(
+        &root.join("loop-a.yaml"),
+        "version: 2023-04-20\ninclude:\n  b:\n    path: loop-b.yaml\n",
+    );
+    write(
+        &root.join("loop-b.yaml"),
+        "version: 2023-04-20\ninclude:\n  a:\n    path: loop-a.yaml\n",
+    );
+    let (code, out) = engine.json(&["deploy", "loop-a.yaml", "--instance", "loop"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.to_string().contains("include cycle"), "{out}");
+}

@@ -9,6 +9,7 @@
 //! - Plans are tied to the instance version they read and to a digest of their exact inputs;
 //!   execution re-evaluates exactly those inputs.
 
+pub mod children;
 pub mod diff;
 pub mod exec;
 pub mod links;
@@ -324,6 +325,18 @@ impl Engine {
         source: Source,
         variables: Vec<(String, String)>,
     ) -> Result<ChangeSetView> {
+        self.create_change_set_in(instance, source, variables, Vec::new())
+            .await
+    }
+
+    /// [`Engine::create_change_set`] for a child blueprint included by `include_chain`.
+    async fn create_change_set_in(
+        self: &Arc<Self>,
+        instance: &str,
+        source: Source,
+        variables: Vec<(String, String)>,
+        include_chain: Vec<String>,
+    ) -> Result<ChangeSetView> {
         if instance.is_empty() {
             return Err(EngineError::InvalidArgument(
                 "an instance name is required".into(),
@@ -334,6 +347,7 @@ impl Engine {
             files,
             variables,
             now_unix_nanos: now_nanos(),
+            include_chain,
         };
         let inst = match self.store.find_instance(instance).await? {
             Some(i) => i,
@@ -662,7 +676,7 @@ impl Engine {
         self: &Arc<Self>,
         op: Operation,
         lease: Lease,
-        body: impl FnOnce(&Engine, &Arc<RunContext>, &PluginContext<'_>) -> Finish + Send + 'static,
+        body: impl FnOnce(&Arc<Engine>, &Arc<RunContext>, &PluginContext<'_>) -> Finish + Send + 'static,
     ) {
         let stop = CancellationToken::new();
         let cancel_requested = Arc::new(AtomicBool::new(false));
@@ -765,7 +779,7 @@ impl Engine {
     }
 
     fn run_deploy(
-        &self,
+        self: &Arc<Self>,
         ctx: &Arc<RunContext>,
         plugins: &PluginContext<'_>,
         cs: ChangeSet,
@@ -852,6 +866,18 @@ impl Engine {
             ));
         }
         prepared.read_links(&before);
+        // Children first, in the order of the references between them: their exports feed
+        // the parent's resources and the children after them.
+        let child_changes =
+            match self.deploy_children(ctx, &mut prepared, &inputs, &before, plugins) {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            };
+        if !child_changes.is_empty()
+            && let Err(e) = ctx.commit_blocking(child_changes, vec![])
+        {
+            return fail(format!("state store: {e}"));
+        }
         let (outcome, done) = exec::deploy(ctx, &mut prepared, &plan, &before, plugins);
         match outcome {
             Outcome::Succeeded => {
@@ -889,6 +915,205 @@ impl Engine {
                 }
             }
             Outcome::Failed { error, .. } => fail(error),
+        }
+    }
+
+    /// Plans and executes every include as an instance of its own (`<parent>/<name>`), in
+    /// dependency order, records its exports for the parent's evaluation, and destroys the
+    /// children the blueprint no longer includes. Returns the parent's child records to write.
+    fn deploy_children(
+        self: &Arc<Self>,
+        ctx: &Arc<RunContext>,
+        prepared: &mut Prepared,
+        inputs: &Inputs,
+        before: &InstanceState,
+        plugins: &PluginContext<'_>,
+    ) -> std::result::Result<Vec<Change>, String> {
+        let parent = before.instance.name.clone();
+        let parent_file = inputs
+            .files
+            .first()
+            .map(|f| f.0.clone())
+            .unwrap_or_default();
+        let mut chain = inputs.include_chain.clone();
+        chain.push(children::normalize(&parent_file));
+        let mut changes = Vec::new();
+        for i in prepared.include_order() {
+            let name = prepared.blueprint.include[i].name.value.clone();
+            let (path, variables) = prepared.include_inputs(i, plugins)?;
+            if chain.len() > children::MAX_DEPTH {
+                return Err(format!(
+                    "include `{name}`: includes nest deeper than {} levels ({})",
+                    children::MAX_DEPTH,
+                    chain.join(" -> ")
+                ));
+            }
+            let (file, content) = children::resolve(
+                &parent_file,
+                &path,
+                &inputs.files,
+                &self.config.allowed_roots,
+            )
+            .map_err(|e| format!("include `{name}`: {e}"))?;
+            let key = children::normalize(&file);
+            if chain.contains(&key) {
+                return Err(format!(
+                    "include `{name}`: an include cycle: {} -> {key}",
+                    chain.join(" -> ")
+                ));
+            }
+            // The child sees every file of the request, so its own includes resolve too.
+            let others: Vec<(String, Vec<u8>)> = inputs
+                .files
+                .iter()
+                .filter(|(n, _)| children::normalize(n) != key)
+                .cloned()
+                .collect();
+            let instance = format!("{parent}/{name}");
+            let source = Source::Inline {
+                file_name: file,
+                content,
+                children: others,
+            };
+            let exports = ctx.rt.block_on(self.run_child(
+                ctx,
+                &instance,
+                source,
+                variables,
+                chain.clone(),
+            ))?;
+            let child_id = ctx
+                .rt
+                .block_on(self.store.find_instance(&instance))
+                .map_err(|e| e.to_string())?
+                .map(|i| i.id)
+                .unwrap_or_default();
+            prepared.set_child_exports(&name, exports);
+            changes.push(Change::PutChild {
+                name,
+                child_instance_id: child_id,
+            });
+        }
+        let gone: Vec<String> = before
+            .children
+            .iter()
+            .filter(|c| {
+                !prepared
+                    .blueprint
+                    .include
+                    .iter()
+                    .any(|i| i.name.value == c.name)
+            })
+            .map(|c| c.name.clone())
+            .collect();
+        if !gone.is_empty() {
+            self.destroy_children(ctx, before, &gone)?;
+        }
+        Ok(changes)
+    }
+
+    /// Plans and executes one child; its exports once it is deployed.
+    async fn run_child(
+        self: &Arc<Self>,
+        ctx: &RunContext,
+        instance: &str,
+        source: Source,
+        variables: Vec<(String, String)>,
+        chain: Vec<String>,
+    ) -> std::result::Result<indexmap::IndexMap<String, crate::eval::value::Value>, String> {
+        let what = |e: EngineError| format!("child `{instance}`: {e}");
+        let cs = self
+            .create_change_set_in(instance, source, variables, chain)
+            .await
+            .map_err(what)?;
+        let request = format!("{}:{instance}", ctx.operation.id);
+        let op = self
+            .execute(&request, &cs.change_set.id, false)
+            .await
+            .map_err(what)?;
+        let op = self.wait_operation(&op.id).await.map_err(what)?;
+        if op.status != OperationStatus::Succeeded {
+            return Err(format!(
+                "child `{instance}` {}: {}",
+                op.status,
+                op.error.unwrap_or_default()
+            ));
+        }
+        let state = self
+            .store
+            .load_state(&op.instance_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(state
+            .exports
+            .iter()
+            .map(|e| {
+                (
+                    e.name.clone(),
+                    crate::eval::value::Value::from_json(&state_values::unwrap(&e.value)),
+                )
+            })
+            .collect())
+    }
+
+    /// Destroys the named children's instances (and forgets them in the parent), the last
+    /// deployed first: children were recorded in dependency order, so a child that reads
+    /// another goes before it.
+    fn destroy_children(
+        self: &Arc<Self>,
+        ctx: &Arc<RunContext>,
+        state: &InstanceState,
+        names: &[String],
+    ) -> std::result::Result<(), String> {
+        for c in state
+            .children
+            .iter()
+            .rev()
+            .filter(|c| names.contains(&c.name))
+        {
+            let child = ctx
+                .rt
+                .block_on(self.store.get_instance(&c.child_instance_id))
+                .map_err(|e| e.to_string())?;
+            let request = format!("{}:destroy:{}", ctx.operation.id, child.name);
+            let result = ctx.rt.block_on(async {
+                let op = self.destroy(&request, &child.name).await?;
+                self.wait_operation(&op.id).await
+            });
+            match result {
+                Ok(op) if op.status == OperationStatus::Succeeded => {}
+                Ok(op) => {
+                    return Err(format!(
+                        "child `{}` {}: {}",
+                        child.name,
+                        op.status,
+                        op.error.unwrap_or_default()
+                    ));
+                }
+                Err(e) => return Err(format!("child `{}`: {e}", child.name)),
+            }
+            ctx.commit_blocking(
+                vec![Change::RemoveChild {
+                    name: c.name.clone(),
+                }],
+                vec![NewEvent::new(
+                    "child.destroyed",
+                    json!({ "child": c.name, "instance": child.name }),
+                )],
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Waits until an operation ends.
+    async fn wait_operation(&self, id: &str) -> Result<Operation> {
+        loop {
+            let op = self.store.get_operation(id).await?;
+            if op.status.is_terminal() {
+                return Ok(op);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -949,7 +1174,7 @@ impl Engine {
         }
     }
 
-    fn run_destroy(&self, ctx: &Arc<RunContext>) -> Finish {
+    fn run_destroy(self: &Arc<Self>, ctx: &Arc<RunContext>) -> Finish {
         let state = match ctx
             .rt
             .block_on(ctx.store.load_state(&ctx.operation.instance_id))
@@ -958,7 +1183,17 @@ impl Engine {
             Err(e) => return Finish::failed(e.to_string()),
         };
         let resources: Vec<&Resource> = state.resources.iter().collect();
-        let (outcome, _) = exec::destroy_all(ctx, &resources);
+        let (mut outcome, _) = exec::destroy_all(ctx, &resources);
+        // Children go after the resources that may depend on them.
+        if matches!(outcome, Outcome::Succeeded) {
+            let names: Vec<String> = state.children.iter().map(|c| c.name.clone()).collect();
+            if let Err(error) = self.destroy_children(ctx, &state, &names) {
+                outcome = Outcome::Failed {
+                    error,
+                    stopped: false,
+                };
+            }
+        }
         match outcome {
             Outcome::Succeeded => Finish {
                 error: None,

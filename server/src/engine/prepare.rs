@@ -23,6 +23,9 @@ pub struct Inputs {
     pub variables: Vec<(String, String)>,
     /// The clock the plan read (`now()`, `datetime`), reused at execution.
     pub now_unix_nanos: i128,
+    /// For a child blueprint: the documents of the parents that include it, outermost first
+    /// (include cycles are refused).
+    pub include_chain: Vec<String>,
 }
 
 impl Inputs {
@@ -63,6 +66,7 @@ impl Inputs {
             })).collect::<Vec<_>>(),
             "variables": self.variables.iter().map(|(k, v)| serde_json::json!([k, v])).collect::<Vec<_>>(),
             "nowUnixNanos": self.now_unix_nanos.to_string(),
+            "includeChain": self.include_chain,
         })
     }
 
@@ -90,10 +94,20 @@ impl Inputs {
             })
             .collect::<Option<Vec<_>>>()?;
         let now_unix_nanos = v.get("nowUnixNanos")?.as_str()?.parse().ok()?;
+        let include_chain = v
+            .get("includeChain")
+            .and_then(|c| c.as_array())
+            .map(|c| {
+                c.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
         Some(Inputs {
             files,
             variables,
             now_unix_nanos,
+            include_chain,
         })
     }
 }
@@ -478,5 +492,86 @@ fn check_export_type(name: &str, ty: &str, v: Value) -> Result<Value, String> {
             "export `{name}` is declared {ty}, but its field holds {}",
             crate::blueprint::article_of(v.type_name())
         ))
+    }
+}
+
+impl Prepared {
+    /// The includes in dependency order (a child another one reads comes first).
+    pub fn include_order(&self) -> Vec<usize> {
+        self.graph
+            .dependency_order()
+            .into_iter()
+            .filter_map(|n| match n {
+                NodeRef::Child(i) => Some(i),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Include `i`'s path and variables (as `--var` text), evaluated in the parent's scope as
+    /// it is now (with the exports of the children deployed so far).
+    pub fn include_inputs(
+        &self,
+        i: usize,
+        plugins: &PluginContext<'_>,
+    ) -> Result<(String, Vec<(String, String)>), String> {
+        let inc = &self.blueprint.include[i];
+        let name = &inc.name.value;
+        let link = |a: &str, b: &str| link_value(&self.link_data, a, b);
+        let env = Env {
+            cwd: &self.cwd,
+            now_unix_nanos: self.now_unix_nanos,
+            link: &link,
+        };
+        let scope = self.evaluation.scope_with(&env, None, Some(plugins));
+        let path = match &inc.path {
+            Some(t) => match scope.template(t) {
+                Ok(Value::Str(s)) => s,
+                Ok(other) if other.deep_contains_unknown() => {
+                    return Err(format!(
+                        "include `{name}`: its path is known only after deploy"
+                    ));
+                }
+                Ok(other) => {
+                    return Err(format!(
+                        "include `{name}`: its path must be a string, not {}",
+                        other.type_name()
+                    ));
+                }
+                Err(e) => return Err(format!("include `{name}`: {}", e.message)),
+            },
+            None => return Err(format!("include `{name}` has no path")),
+        };
+        let mut vars = Vec::new();
+        for (key, node) in &inc.variables {
+            let mut failed = None;
+            let v = crate::eval::blueprint::node(node, &scope, &mut |e| {
+                failed.get_or_insert(e.message);
+            });
+            if let Some(m) = failed {
+                return Err(format!("include `{name}`, variable `{}`: {m}", key.name));
+            }
+            if v.deep_contains_unknown() {
+                return Err(format!(
+                    "include `{name}`, variable `{}`: its value is known only after deploy (a \
+                     child may read variables, values, data sources and other children's \
+                     exports, not resource state)",
+                    key.name
+                ));
+            }
+            let text = match &v {
+                Value::Str(s) => s.clone(),
+                other => super::state_values::eval_to_json(other).to_string(),
+            };
+            vars.push((key.name.clone(), text));
+        }
+        Ok((path, vars))
+    }
+
+    /// Records a deployed child's exports for `${children.name.field}`.
+    pub fn set_child_exports(&mut self, name: &str, exports: IndexMap<String, Value>) {
+        self.evaluation
+            .children
+            .insert(name.to_owned(), Value::Map(exports));
     }
 }
