@@ -1130,3 +1130,50 @@ exports:
     assert_eq!(code, 1, "{out}");
     assert!(out.to_string().contains("include cycle"), "{out}");
 }
+
+#[test]
+fn includes_relative_to_the_working_directory_need_an_allowed_root() {
+    let root = TempDir::new("e2e-cwd");
+    std::fs::create_dir_all(root.join("core_infra")).unwrap();
+    std::fs::create_dir_all(root.join("app_infra")).unwrap();
+    write(
+        &root.join("core_infra/child-blueprint.yaml"),
+        "version: 2023-04-20\nresources:\n  data:\n    type: local/directory\n    spec:\n      path: core-data\nexports:\n  dir:\n    type: string\n    field: resources.data.spec.path\n",
+    );
+    // The specification's working-directory example.
+    write(
+        &root.join("app_infra/main-blueprint.yaml"),
+        "version: 2023-04-20\ninclude:\n  child:\n    path: ${cwd()}/core_infra/child-blueprint.yaml\nexports:\n  dir:\n    type: string\n    field: children.child.dir\n",
+    );
+    let allowed = root.path().canonicalize().unwrap();
+    let engine = Engine::start_with(root.path(), &["--allow-path", allowed.to_str().unwrap()]);
+    let (code, out) = engine.json(&[
+        "deploy",
+        "app_infra/main-blueprint.yaml",
+        "--instance",
+        "cwd",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(root.join("core-data").is_dir());
+    assert_eq!(engine.instance("cwd")["exports"]["dir"], "core-data");
+
+    // Without the root allowed, the engine refuses to read its own disk.
+    let other = TempDir::new("e2e-cwd-denied");
+    std::fs::create_dir_all(other.join("core_infra")).unwrap();
+    std::fs::create_dir_all(other.join("app_infra")).unwrap();
+    for f in [
+        "core_infra/child-blueprint.yaml",
+        "app_infra/main-blueprint.yaml",
+    ] {
+        std::fs::copy(root.join(f), other.join(f)).unwrap();
+    }
+    let engine = Engine::start(&other);
+    let (code, out) = engine.json(&[
+        "deploy",
+        "app_infra/main-blueprint.yaml",
+        "--instance",
+        "cwd",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.to_string().contains("--allow-path"), "{out}");
+}
