@@ -85,6 +85,14 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         },
         tokio::runtime::Handle::current(),
     );
+    if !config.include_hosts.is_empty() {
+        // Accepted so configuration files stay valid, but this build fetches nothing.
+        tracing::warn!(
+            hosts = ?config.include_hosts,
+            "remote includes are not fetched by this build: --allow-include-host has no effect, \
+             and https:// includes are refused"
+        );
+    }
     let interrupted = engine.recover().await.map_err(|e| e.to_string())?;
     for op in &interrupted {
         tracing::warn!(operation = %op.id, instance = %op.instance_id, "operation from a previous run marked interrupted");
