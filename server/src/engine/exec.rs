@@ -108,26 +108,15 @@ fn new_target(instance_id: &str, name: &str, ty: &str) -> Target {
 }
 
 /// One unit of work for a provider, run on an async task.
+// Moved once per resource; boxing the larger variant would buy nothing measurable.
+#[allow(clippy::large_enum_variant)]
 enum Job {
-    Create {
-        name: String,
-        ty: String,
-        spec: Json,
-        depends_on: Vec<String>,
-        metadata: Json,
-    },
-    Update {
-        current: Resource,
-        spec: Json,
-        depends_on: Vec<String>,
-        metadata: Json,
-    },
+    /// A create or update: intent, provider call, outcome.
+    Apply(Apply),
+    /// The resource is destroyed, then created with `create` (an `Apply::Create`).
     Recreate {
         current: Resource,
-        ty: String,
-        spec: Json,
-        depends_on: Vec<String>,
-        metadata: Json,
+        create: Apply,
     },
     Delete {
         current: Resource,
@@ -143,85 +132,29 @@ pub enum Done {
     Deleted { before: Resource },
 }
 
+impl Done {
+    /// The provider's state after a create or update.
+    fn state(&self) -> Option<&Json> {
+        match self {
+            Done::Created { state, .. }
+            | Done::Updated { state, .. }
+            | Done::Recreated { state, .. } => Some(state),
+            Done::Deleted { .. } => None,
+        }
+    }
+}
+
 async fn run_job(ctx: Arc<RunContext>, job: Job) -> Result<Done, String> {
     let inst = ctx.operation.instance_id.clone();
-    let fail = |e: StateError| format!("state store: {e}");
     match job {
-        Job::Create {
-            name,
-            ty,
-            spec,
-            depends_on,
-            metadata,
-        } => {
-            let state = create(&ctx, &inst, &name, &ty, spec, depends_on, metadata).await?;
-            Ok(Done::Created { name, state })
-        }
-        Job::Update {
-            current,
-            spec,
-            depends_on,
-            metadata,
-        } => {
-            let name = current.name.clone();
-            ctx.commit(
-                vec![Change::IntendUpdate {
-                    name: name.clone(),
-                    spec: spec.clone(),
-                    depends_on,
-                    metadata,
-                }],
-                vec![NewEvent::new(
-                    "resource.update_requested",
-                    json!({ "resource": name, "type": current.resource_type }),
-                )],
-            )
-            .await
-            .map_err(fail)?;
-            let result = ctx
-                .provisioner
-                .apply(
-                    &target(&inst, &current),
-                    state_values::to_pb(&spec),
-                    &ctx.key(&name, "update"),
-                )
-                .await;
-            match result {
-                Ok(applied) => {
-                    ctx.commit(
-                        vec![Change::ResourceUpdated {
-                            name: name.clone(),
-                            external_id: Some(applied.external_id.clone()),
-                            state: applied.state.clone(),
-                        }],
-                        vec![NewEvent::new(
-                            "resource.updated",
-                            json!({ "resource": name, "type": current.resource_type }),
-                        )],
-                    )
-                    .await
-                    .map_err(fail)?;
-                    Ok(Done::Updated {
-                        before: current,
-                        state: applied.state,
-                    })
-                }
-                Err(f) => {
-                    record_failure(&ctx, &name, &current.resource_type, &f, Vec::new()).await?;
-                    Err(f.message)
-                }
-            }
-        }
-        Job::Recreate {
-            current,
-            ty,
-            spec,
-            depends_on,
-            metadata,
-        } => {
-            let name = current.name.clone();
+        Job::Apply(a) => apply_one(&ctx, a).await,
+        Job::Recreate { current, create } => {
             destroy(&ctx, &inst, &current).await?;
-            let state = create(&ctx, &inst, &name, &ty, spec, depends_on, metadata).await?;
+            let state = apply_one(&ctx, create)
+                .await?
+                .state()
+                .cloned()
+                .unwrap_or(Json::Null);
             Ok(Done::Recreated {
                 before: current,
                 state,
@@ -234,107 +167,43 @@ async fn run_job(ctx: Arc<RunContext>, job: Job) -> Result<Done, String> {
     }
 }
 
-/// Intent, provider create, outcome.
-async fn create(
-    ctx: &RunContext,
-    inst: &str,
-    name: &str,
-    ty: &str,
-    spec: Json,
-    depends_on: Vec<String>,
-    metadata: Json,
-) -> Result<Json, String> {
+/// One create or update on its own: the same intent, call and outcome the scheduler batches.
+async fn apply_one(ctx: &RunContext, a: Apply) -> Result<Done, String> {
     let fail = |e: StateError| format!("state store: {e}");
-    let intended = (spec.clone(), depends_on.clone(), metadata.clone());
     // The intent is durable before the provider hears of the resource: a crash after this
     // point leaves a record to reconcile, never an orphan.
-    ctx.commit(
-        vec![Change::IntendCreate {
-            name: name.to_owned(),
-            resource_type: ty.to_owned(),
-            spec: spec.clone(),
-            depends_on,
-            metadata,
-        }],
-        vec![NewEvent::new(
-            "resource.create_requested",
-            json!({ "resource": name, "type": ty }),
-        )],
-    )
-    .await
-    .map_err(fail)?;
-    let result = ctx
-        .provisioner
-        .apply(
-            &new_target(inst, name, ty),
-            state_values::to_pb(&spec),
-            &ctx.key(name, "create"),
-        )
-        .await;
-    match result {
-        Ok(applied) => {
-            ctx.commit(
-                vec![Change::ResourceCreated {
-                    name: name.to_owned(),
-                    external_id: applied.external_id,
-                    state: applied.state.clone(),
-                }],
-                vec![NewEvent::new(
-                    "resource.created",
-                    json!({ "resource": name, "type": ty }),
-                )],
-            )
-            .await
-            .map_err(fail)?;
-            Ok(applied.state)
-        }
-        Err(f) => {
-            // Something the provider created before failing is kept (as created, then failed
-            // to reach its spec), so it is not orphaned and the next plan updates it.
-            let partial = f.partial.as_ref().map(|Applied { external_id, state }| {
-                vec![
-                    Change::ResourceCreated {
-                        name: name.to_owned(),
-                        external_id: external_id.clone(),
-                        state: state.clone(),
-                    },
-                    Change::IntendUpdate {
-                        name: name.to_owned(),
-                        spec: intended.0,
-                        depends_on: intended.1,
-                        metadata: intended.2,
-                    },
-                ]
-            });
-            record_failure(ctx, name, ty, &f, partial.unwrap_or_default()).await?;
-            Err(f.message)
-        }
-    }
+    let (change, event) = intent(&a);
+    ctx.commit(vec![change], vec![event]).await.map_err(fail)?;
+    let result = call(ctx, &a).await;
+    let (changes, event, done) = outcome(a, result);
+    ctx.commit(changes, vec![event]).await.map_err(fail)?;
+    done
 }
 
-/// Records a failed create or update (after `before`, changes that record what exists).
-async fn record_failure(
-    ctx: &RunContext,
-    name: &str,
-    ty: &str,
-    f: &Failure,
-    before: Vec<Change>,
-) -> Result<(), String> {
-    let mut changes = before;
-    changes.push(Change::ResourceFailed {
-        name: name.to_owned(),
-        reason: f.message.clone(),
-    });
-    ctx.commit(
-        changes,
-        vec![NewEvent::new(
-            "resource.failed",
-            json!({ "resource": name, "type": ty, "reason": f.message }),
-        )],
+/// Creates a resource from a recorded spec (rollback, reconcile); its new state.
+async fn create(ctx: &RunContext, r: &Resource) -> Result<Json, String> {
+    let done = apply_one(
+        ctx,
+        Apply::Create {
+            name: r.name.clone(),
+            ty: r.resource_type.clone(),
+            spec: r.spec.clone(),
+            depends_on: r.depends_on.clone(),
+            metadata: r.metadata.clone(),
+        },
     )
-    .await
-    .map_err(|e| format!("state store: {e}"))?;
-    Ok(())
+    .await?;
+    Ok(done.state().cloned().unwrap_or(Json::Null))
+}
+
+/// Updates a resource back to a recorded spec (rollback, reconcile).
+fn update_to(current: &Resource, recorded: &Resource) -> Job {
+    Job::Apply(Apply::Update {
+        current: current.clone(),
+        spec: recorded.spec.clone(),
+        depends_on: recorded.depends_on.clone(),
+        metadata: recorded.metadata.clone(),
+    })
 }
 
 /// Links first, then intent, provider destroy, removal.
@@ -563,30 +432,7 @@ impl Job {
     #[allow(clippy::result_large_err)]
     fn batchable(self) -> Result<Apply, Job> {
         match self {
-            Job::Create {
-                name,
-                ty,
-                spec,
-                depends_on,
-                metadata,
-            } => Ok(Apply::Create {
-                name,
-                ty,
-                spec,
-                depends_on,
-                metadata,
-            }),
-            Job::Update {
-                current,
-                spec,
-                depends_on,
-                metadata,
-            } => Ok(Apply::Update {
-                current,
-                spec,
-                depends_on,
-                metadata,
-            }),
+            Job::Apply(a) => Ok(a),
             other => Err(other),
         }
     }
@@ -855,27 +701,25 @@ pub fn deploy(
         let spec = state_values::eval_to_stored(spec_value, masked);
         let metadata = state_values::eval_to_json(prepared.evaluation.metadata(x));
         let depends_on = p.depends_on.clone();
+        let create = |spec, depends_on, metadata| Apply::Create {
+            name: p.name.clone(),
+            ty: p.resource_type.clone(),
+            spec,
+            depends_on,
+            metadata,
+        };
         Ok(Some(match (p.action, recorded.get(p.name.as_str())) {
-            (Action::Update, Some(current)) => Job::Update {
+            (Action::Update, Some(current)) => Job::Apply(Apply::Update {
                 current: (*current).clone(),
                 spec,
                 depends_on,
                 metadata,
-            },
+            }),
             (Action::Recreate, Some(current)) => Job::Recreate {
                 current: (*current).clone(),
-                ty: p.resource_type.clone(),
-                spec,
-                depends_on,
-                metadata,
+                create: create(spec, depends_on, metadata),
             },
-            _ => Job::Create {
-                name: p.name.clone(),
-                ty: p.resource_type.clone(),
-                spec,
-                depends_on,
-                metadata,
-            },
+            _ => Job::Apply(create(spec, depends_on, metadata)),
         }))
     };
     let fresh_finish = fresh.clone();
@@ -989,13 +833,7 @@ pub fn rollback(
                     let Some(now) = state.resource(&before.name) else {
                         return Ok(());
                     };
-                    let job = Job::Update {
-                        current: now.clone(),
-                        spec: before.spec.clone(),
-                        depends_on: before.depends_on.clone(),
-                        metadata: before.metadata.clone(),
-                    };
-                    run_job(ctx.clone(), job).await.map(drop)
+                    run_job(ctx.clone(), update_to(now, before)).await.map(drop)
                 }
                 Done::Recreated { before, .. } => {
                     let state = ctx
@@ -1006,29 +844,9 @@ pub fn rollback(
                     if let Some(now) = state.resource(&before.name) {
                         destroy(ctx, &inst, now).await?;
                     }
-                    create(
-                        ctx,
-                        &inst,
-                        &before.name,
-                        &before.resource_type,
-                        before.spec.clone(),
-                        before.depends_on.clone(),
-                        before.metadata.clone(),
-                    )
-                    .await
-                    .map(drop)
+                    create(ctx, before).await.map(drop)
                 }
-                Done::Deleted { before } => create(
-                    ctx,
-                    &inst,
-                    &before.name,
-                    &before.resource_type,
-                    before.spec.clone(),
-                    before.depends_on.clone(),
-                    before.metadata.clone(),
-                )
-                .await
-                .map(drop),
+                Done::Deleted { before } => create(ctx, before).await.map(drop),
             }
         });
         if let Err(e) = result
@@ -1126,22 +944,9 @@ pub async fn reconcile_one(
     let inst = ctx.operation.instance_id.clone();
     let fail = |e: StateError| format!("state store: {e}");
     let recreate = |ctx: &Arc<RunContext>| {
-        let inst = inst.clone();
         let r = r.clone();
         let ctx = ctx.clone();
-        async move {
-            create(
-                &ctx,
-                &inst,
-                &r.name,
-                &r.resource_type,
-                r.spec.clone(),
-                r.depends_on.clone(),
-                r.metadata.clone(),
-            )
-            .await
-            .map(drop)
-        }
+        async move { create(&ctx, &r).await.map(drop) }
     };
     match r.status {
         // The create may or may not have happened: the provider's idempotent apply settles it.
@@ -1242,12 +1047,7 @@ pub async fn reconcile_one(
                         .map(drop)
                         .map_err(fail)
                     } else {
-                        let job = Job::Update {
-                            current: r.clone(),
-                            spec: r.spec.clone(),
-                            depends_on: r.depends_on.clone(),
-                            metadata: r.metadata.clone(),
-                        };
+                        let job = update_to(r, r);
                         if r.status == S::UpdateRequested {
                             ctx.commit(
                                 vec![Change::ResourceFailed {

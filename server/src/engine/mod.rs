@@ -803,14 +803,9 @@ impl Engine {
         if inputs.digest() != cs.digest {
             return fail("the change set's recorded inputs do not match its digest".into());
         }
-        let Some(mut plan) = cs.body.get("plan").and_then(Plan::from_json) else {
+        let Some(plan) = Plan::from_body(&cs.body) else {
             return fail("the change set's plan cannot be read".into());
         };
-        plan.links = cs
-            .body
-            .get("links")
-            .and_then(links::from_json)
-            .unwrap_or_default();
         let cached = {
             let mut slot = self.last_planned.lock().unwrap_or_else(|e| e.into_inner());
             match slot.take() {
@@ -822,31 +817,7 @@ impl Engine {
             }
         };
         let cwd = self.config.cwd.display().to_string();
-        let recorded = prepare::RecordedDataSources {
-            exports: cs
-                .body
-                .get("datasources")
-                .and_then(Json::as_object)
-                .map(|m| {
-                    m.iter()
-                        .map(|(name, fields)| {
-                            let exports = fields
-                                .as_object()
-                                .map(|f| {
-                                    f.iter()
-                                        .map(|(k, v)| {
-                                            (k.clone(), crate::eval::value::Value::from_json(v))
-                                        })
-                                        .collect()
-                                })
-                                .unwrap_or_default();
-                            (name.clone(), exports)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-            plugins,
-        };
+        let recorded = prepare::RecordedDataSources::from_body(&cs.body, plugins);
         // The evaluation from planning when this engine still has it (same inputs: the digest
         // was checked; same state: the instance version is the planned one).
         let mut prepared: Prepared = match cached {
@@ -1442,16 +1413,7 @@ impl Engine {
 }
 
 fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
-    let mut plan = cs
-        .body
-        .get("plan")
-        .and_then(Plan::from_json)
-        .unwrap_or_default();
-    plan.links = cs
-        .body
-        .get("links")
-        .and_then(links::from_json)
-        .unwrap_or_default();
+    let plan = Plan::from_body(&cs.body).unwrap_or_default();
     let diagnostics = cs
         .body
         .get("diagnostics")

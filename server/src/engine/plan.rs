@@ -117,6 +117,16 @@ impl Plan {
         )
     }
 
+    /// The plan of a change set body: its resources (`plan`) and links (`links`).
+    pub fn from_body(body: &Json) -> Option<Plan> {
+        let mut plan = Plan::from_json(body.get("plan")?)?;
+        plan.links = body
+            .get("links")
+            .and_then(super::links::from_json)
+            .unwrap_or_default();
+        Some(plan)
+    }
+
     pub fn from_json(v: &Json) -> Option<Plan> {
         let resources = v
             .as_array()?

@@ -248,6 +248,28 @@ pub struct RecordedDataSources<'a> {
     pub plugins: &'a PluginContext<'a>,
 }
 
+impl<'a> RecordedDataSources<'a> {
+    /// What a change set body recorded under `datasources` (name -> export -> JSON value).
+    pub fn from_body(body: &serde_json::Value, plugins: &'a PluginContext<'a>) -> Self {
+        let as_values = |fields: &serde_json::Value| -> IndexMap<String, Value> {
+            fields
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), Value::from_json(v)))
+                .collect()
+        };
+        let exports = body
+            .get("datasources")
+            .and_then(serde_json::Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(name, fields)| (name.clone(), as_values(fields)))
+            .collect();
+        RecordedDataSources { exports, plugins }
+    }
+}
+
 impl DataSourceFetcher for RecordedDataSources<'_> {
     fn fetch(
         &self,

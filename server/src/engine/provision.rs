@@ -275,40 +275,26 @@ impl Provisioner for PluginProvisioner {
             )));
         }
         let mut data = call.link_data.clone();
-        let resp = client
-            .update_link_resource_a(
-                pb::UpdateLinkResourceRequest {
-                    link: Some(ctx.clone()),
-                },
-                &opts,
-            )
-            .await
+        // Resource A, then resource B; each phase sees the link data of the ones before it.
+        for phase in ["update resource A", "update resource B"] {
+            let req = pb::UpdateLinkResourceRequest {
+                link: Some(ctx.clone()),
+            };
+            let resp = if phase.ends_with('A') {
+                client.update_link_resource_a(req, &opts).await
+            } else {
+                client.update_link_resource_b(req, &opts).await
+            }
             .map_err(fail)?;
-        if let Some(e) = &resp.error {
-            return Err(Failure::new(label("update resource A", e)));
+            if let Some(e) = &resp.error {
+                return Err(Failure::new(label(phase, e)));
+            }
+            merge(
+                &mut data,
+                resp.link_data.as_ref().map_or(Json::Null, raw_json),
+            );
+            ctx.link_data = Some(stored_pb(&data));
         }
-        merge(
-            &mut data,
-            resp.link_data.as_ref().map_or(Json::Null, raw_json),
-        );
-        ctx.link_data = Some(stored_pb(&data));
-        let resp = client
-            .update_link_resource_b(
-                pb::UpdateLinkResourceRequest {
-                    link: Some(ctx.clone()),
-                },
-                &opts,
-            )
-            .await
-            .map_err(fail)?;
-        if let Some(e) = &resp.error {
-            return Err(Failure::new(label("update resource B", e)));
-        }
-        merge(
-            &mut data,
-            resp.link_data.as_ref().map_or(Json::Null, raw_json),
-        );
-        ctx.link_data = Some(stored_pb(&data));
         let resp = client
             .update_link_intermediaries(
                 pb::UpdateLinkIntermediariesRequest { link: Some(ctx) },
