@@ -7,6 +7,9 @@
 //! [`MAX_ENTRIES`] directory entries are examined in all; `content` is read
 //! only for UTF-8 files of at most [`MAX_CONTENT_BYTES`], and only while the
 //! contents returned stay under [`MAX_TOTAL_CONTENT_BYTES`] in total.
+//!
+//! `json` is the content parsed as JSON when it is a JSON object (a mapping,
+//! for filters such as `json has key name`); absent otherwise.
 
 use std::path::{Path, PathBuf};
 
@@ -164,12 +167,27 @@ fn items(
             let len = bytes.len() as u64;
             if let (Ok(text), true) = (String::from_utf8(bytes), len <= budget) {
                 budget -= len;
+                if let Some(object) = json_object(&text) {
+                    item.insert("json", object);
+                }
                 item.insert("content", text);
             }
         }
         out.push(item);
     }
     Ok(out)
+}
+
+/// The text parsed as JSON when it is a JSON object.
+fn json_object(text: &str) -> Option<Value> {
+    // Cheap test first: most files are not JSON objects.
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v @ serde_json::Value::Object(_)) => Some(Value::from_json(v)),
+        _ => None,
+    }
 }
 
 #[async_trait]
@@ -191,6 +209,10 @@ impl DataSource for FileDataSource {
             )
             .field("name", Field::string().describe("File name: `app.env`"))
             .field("size", Field::integer().describe("Size in bytes"))
+            .field(
+                "json",
+                Field::map(Schema::any()).describe("The content parsed as JSON when it is a JSON object (filter with `has key` / `not has key`); absent for other files and whenever `content` is"),
+            )
     }
 
     fn exports(&self) -> Schema {
@@ -216,5 +238,23 @@ impl DataSource for FileDataSource {
             items(files, pre.as_ref(), &cancelled)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_objects_only() {
+        assert_eq!(
+            json_object(r#" {"a": {"b": [1]}}"#),
+            Some(Value::map().with("a", Value::map().with("b", vec![1])))
+        );
+        assert_eq!(json_object("{}"), Some(Value::map()));
+        assert_eq!(json_object("[1]"), None);
+        assert_eq!(json_object("\"{}\""), None);
+        assert_eq!(json_object("{oops"), None);
+        assert_eq!(json_object("plain"), None);
     }
 }

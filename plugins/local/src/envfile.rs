@@ -1,10 +1,14 @@
-//! `local/envFile`: a dotenv file whose entries come from links.
+//! `local/envFile`: a dotenv file whose entries come from links (and from
+//! the resource's own `values`).
 //!
 //! The file is the source of truth for its entries: every change (the
 //! resource's own apply, or a link adding or removing a line) reads the
 //! file, changes it, and writes it back atomically (mode 0600, it may hold
 //! secrets), under an exclusive lock on its directory so that concurrent
-//! link calls do not lose each other's lines. Layout:
+//! link calls do not lose each other's lines. Read reports every entry in
+//! the file in `values`; the entry a link writes is a field that link owns
+//! (`values.<VARIABLE>`, declared by its StageLink), so only lines nobody
+//! owns are drift. Layout:
 //!
 //! ```text
 //! # Managed by Trellis (local/envFile): lines come from links; edits are overwritten.
@@ -241,8 +245,14 @@ fn lock_parent(path: &Path, cancelled: &dyn Fn() -> bool) -> Result<DirLock> {
 
 /// One change to an env file, made under the directory lock.
 pub enum Change {
-    /// Set the header (the resource's own apply); entries are kept.
-    Header(Option<String>),
+    /// The resource's own apply: set the header and the static `values`,
+    /// remove the static variables in `dropped` (set by the previous spec,
+    /// not by this one); other entries (the links' lines) are kept.
+    Own {
+        header: Option<String>,
+        values: BTreeMap<String, String>,
+        dropped: Vec<String>,
+    },
     /// Set `var` (removing `replaces` if it is another name); the header is
     /// used only when the file has to be created.
     Set {
@@ -268,7 +278,17 @@ pub fn change(path: &Path, change: Change, cancelled: &dyn Fn() -> bool) -> Resu
     let before = load(path)?;
     let mut doc = before.clone().unwrap_or_default();
     match change {
-        Change::Header(header) => doc.header = header,
+        Change::Own {
+            header,
+            values,
+            dropped,
+        } => {
+            doc.header = header;
+            for v in dropped {
+                doc.entries.remove(&v);
+            }
+            doc.entries.extend(values);
+        }
         Change::Set {
             var,
             value,
@@ -299,18 +319,64 @@ fn header_of(spec: &Spec<'_>) -> Result<Option<String>> {
     Ok(spec.opt_str("header")?.map(str::to_owned))
 }
 
+/// The spec's static entries (`values`), with their names checked.
+fn values_of(spec: &Spec<'_>) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let Some(map) = spec.opt_map("values")? else {
+        return Ok(out);
+    };
+    for (k, v) in map {
+        let at = spec.path_of("values").join(k);
+        if !is_var_name(k) {
+            return Err(PluginError::bad_input(format!(
+                "`{k}` is not a variable name (letters, digits and `_`, not starting with a digit)"
+            ))
+            .at(at));
+        }
+        let text = v.as_str().ok_or_else(|| {
+            PluginError::bad_input(format!("`{at}` must be a string, found {}", v.kind_name()))
+                .at(at.clone())
+        })?;
+        out.insert(k.clone(), text.to_owned());
+    }
+    Ok(out)
+}
+
+/// The names in a spec's `values` (unchecked: a recorded spec).
+fn value_names(spec: &Value) -> Vec<String> {
+    spec.get("values")
+        .and_then(Value::as_map)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
 /// The path of an env file resource, from its recorded state or spec.
 pub fn env_file_path(base: &Base, resource: &ResourceState) -> Result<PathBuf> {
     existing_path(base, resource)
 }
 
-async fn apply(ctx: &Context, spec: &Spec<'_>) -> Result<Applied> {
+/// Writes the header and the static `values`; `previous` is the spec last
+/// applied (an update), whose static variables that `spec` no longer sets
+/// are removed.
+async fn apply(ctx: &Context, spec: &Spec<'_>, previous: Option<&Value>) -> Result<Applied> {
     let base = Base::from_ctx(ctx)?;
     let path = base.resolve_attr(spec.get_str("path")?, "path")?;
     let header = header_of(spec)?;
+    let values = values_of(spec)?;
+    let dropped = previous
+        .map(value_names)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|k| !values.contains_key(k))
+        .collect();
+    let own = Change::Own {
+        header,
+        values,
+        dropped,
+    };
     let id = path_str(&path)?.to_owned();
     let token = ctx.cancellation_token();
-    blocking(move || change(&path, Change::Header(header), &|| token.is_cancelled())).await?;
+    blocking(move || change(&path, own, &|| token.is_cancelled())).await?;
     Ok(Applied::new(id.clone(), Value::map().with("id", id)))
 }
 
@@ -321,7 +387,7 @@ impl Resource for EnvFile {
     }
 
     fn description(&self) -> &str {
-        "A dotenv file (mode 0600) whose lines come from links to local/file, local/directory and local/randomSecret resources."
+        "A dotenv file (mode 0600) whose lines come from links to local/file, local/directory and local/randomSecret resources, and from its own `values`."
     }
 
     fn schema(&self) -> Schema {
@@ -335,6 +401,12 @@ impl Resource for EnvFile {
                     .describe("The env file: absolute, or relative to the provider's `root` (or the plugin's working directory); its directory must exist"),
             )
             .field("header", Field::string().describe("A comment written at the top of the file"))
+            .field(
+                "values",
+                Field::map(Schema::string()).describe(
+                    "Static entries the resource itself writes, NAME -> value (NAME: letters, digits and `_`, not starting with a digit); links add their own lines. Read reports every entry of the file here: a line added or edited by hand is drift, except the line a link writes, which that link owns (`values.<VARIABLE>`)",
+                ),
+            )
             .field("id", Field::string().computed().describe("The absolute path of the env file"))
     }
 
@@ -346,22 +418,35 @@ impl Resource for EnvFile {
         {
             out.extend(base.diagnose(p, "path"));
         }
+        if let Some(map) = spec.get("values").and_then(Value::as_map) {
+            for k in map.keys().filter(|k| !is_var_name(k)) {
+                out.push(
+                    Diagnostic::error(
+                        "local.envfile-variable-invalid",
+                        format!("`{k}` is not a variable name"),
+                    )
+                    .at(AttrPath::root().field("values").field(k.as_str()))
+                    .hint("use letters, digits and `_`, not starting with a digit"),
+                );
+            }
+        }
         Ok(out)
     }
 
-    /// Writes the file with no entries (links add them). An env file this
-    /// provider wrote before (a retried create) keeps its entries; any
-    /// other file at the path is a CONFLICT.
+    /// Writes the file with the static `values` (links add their lines).
+    /// An env file this provider wrote before (a retried create) keeps its
+    /// entries; any other file at the path is a CONFLICT.
     async fn create(&self, ctx: &Context, req: &CreateRequest) -> Result<Applied> {
         ctx.check_cancelled()?;
-        apply(ctx, &req.spec()).await
+        apply(ctx, &req.spec(), None).await
     }
 
-    /// Rewrites the header, keeping the entries (a file deleted by hand is
-    /// written again, without the entries it had).
+    /// Rewrites the header and the static `values` (removing the ones the
+    /// new spec no longer sets), keeping the links' entries (a file deleted
+    /// by hand is written again, without the link lines it had).
     async fn update(&self, ctx: &Context, req: &UpdateRequest) -> Result<Applied> {
         ctx.check_cancelled()?;
-        apply(ctx, &req.spec()).await
+        apply(ctx, &req.spec(), Some(&req.current.spec)).await
     }
 
     /// Deletes the file if it is one this provider wrote.
@@ -398,7 +483,7 @@ impl Resource for EnvFile {
     }
 
     /// Gone when the file is missing or no longer one this provider wrote;
-    /// otherwise the header as it is now (entries belong to links).
+    /// otherwise the header and every entry (`values`) as they are now.
     async fn read(&self, ctx: &Context, current: &ResourceState) -> Result<Option<ReadState>> {
         let base = Base::from_ctx(ctx)?;
         let path = env_file_path(&base, current)?;
@@ -417,11 +502,35 @@ impl Resource for EnvFile {
         if !same_header(applied.as_deref(), doc.header.as_deref()) {
             spec.insert("header", doc.header.map_or(Value::Null, Value::from));
         }
+        spec.insert("values", observed_values(&current.spec, doc.entries));
         Ok(Some(ReadState {
             spec,
             state: Value::map().with("id", path_str(&path)?),
         }))
     }
+}
+
+/// The file's entries as `values`. An entry is reported sensitive unless it
+/// is one of the spec's own values that is not: the others (a link's line, a
+/// line added by hand) may hold a secret, and drift reports never show one.
+fn observed_values(spec: &Value, entries: BTreeMap<String, String>) -> Value {
+    let own = spec.get("values").and_then(Value::as_map);
+    Value::Map(
+        entries
+            .into_iter()
+            .map(|(k, v)| {
+                let plain = own
+                    .and_then(|m| m.get(&k))
+                    .is_some_and(|x| !x.is_sensitive());
+                let v = if plain {
+                    Value::from(v)
+                } else {
+                    Value::sensitive(v)
+                };
+                (k, v)
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -468,6 +577,26 @@ mod tests {
         let back = EnvDoc::parse(&text).expect("managed");
         assert_eq!(back, doc);
         assert!(EnvDoc::parse("FOO=bar\n").is_err());
+    }
+
+    #[test]
+    fn observed_values_hide_what_the_spec_does_not_set_in_clear() {
+        let spec = Value::map().with(
+            "values",
+            Value::map()
+                .with("PORT", "8080")
+                .with("TOKEN", Value::sensitive("t")),
+        );
+        let entries: BTreeMap<String, String> =
+            [("PORT", "9090"), ("TOKEN", "t"), ("FILE_X", "/x")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+        let v = observed_values(&spec, entries);
+        assert_eq!(v.get("PORT"), Some(&Value::from("9090")));
+        assert!(v.get("TOKEN").is_some_and(Value::is_sensitive));
+        assert!(v.get("FILE_X").is_some_and(Value::is_sensitive));
+        assert_eq!(observed_values(&Value::Null, BTreeMap::new()), Value::map());
     }
 
     #[test]

@@ -165,6 +165,11 @@ impl Target {
     }
 }
 
+/// The field of an env file's spec holding the entry `var`: `values.<var>`.
+pub fn owned_entry(var: &str) -> AttrPath {
+    AttrPath::root().field("values").field(var)
+}
+
 /// `local/envFile` (A) gets one line for the linked resource (B).
 pub struct EnvFileLink {
     target: Target,
@@ -270,17 +275,48 @@ impl Link for EnvFileLink {
         ]
     }
 
+    /// Checks the variable name, and declares the env file's entry for it
+    /// (`values.<VARIABLE>` of resource A) as owned by the link: the line is
+    /// the link's, so it is not drift of the env file.
     async fn stage(&self, _ctx: &Context, link: &LinkRequest) -> Result<StagedLink> {
         let mut staged = StagedLink::default();
         let unknown = link
             .annotations_b
             .get(NAME_ANNOTATION)
             .is_some_and(Value::is_unknown);
-        if !unknown && let Err(e) = self.variable(link) {
-            staged.diagnostics.push(Diagnostic::error(
+        if unknown {
+            return Ok(staged);
+        }
+        match self.variable(link) {
+            Ok(var) => {
+                if link.update_type != trellis_plugin_sdk::proto::LinkUpdateType::LinkDestroy
+                    && link
+                        .resource_a
+                        .spec
+                        .get("values")
+                        .and_then(|v| v.get(&var))
+                        .is_some()
+                {
+                    staged.diagnostics.push(
+                        Diagnostic::error(
+                            "local.envfile-variable-taken",
+                            format!(
+                                "env file `{}` sets `{var}` in its own `values`, and the link to `{}` writes the same variable",
+                                link.resource_a.name, link.resource_b.name
+                            ),
+                        )
+                        .hint(format!(
+                            "remove `{var}` from `values`, or set the annotation `{NAME_ANNOTATION}` on `{}`",
+                            link.resource_b.name
+                        )),
+                    );
+                }
+                staged.owned_paths_a.push(owned_entry(&var));
+            }
+            Err(e) => staged.diagnostics.push(Diagnostic::error(
                 "local.envfile-variable-invalid",
                 e.message,
-            ));
+            )),
         }
         Ok(staged)
     }
@@ -338,6 +374,11 @@ impl Link for EnvFileLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owned_entry_paths() {
+        assert_eq!(owned_entry("FILE_A").to_string(), "values.FILE_A");
+    }
 
     #[test]
     fn upper_snake_cases() {

@@ -78,6 +78,21 @@ fn pair(code: &str, path: &str) -> (String, String) {
     (code.to_owned(), path.to_owned())
 }
 
+/// A spec read back, without the `values` read adds.
+fn without_values(spec: &Value) -> Value {
+    let mut m = spec.as_map().cloned().unwrap_or_default();
+    m.shift_remove("values");
+    Value::Map(m)
+}
+
+/// The names in a spec's `values`.
+fn value_names(spec: &Value) -> Vec<String> {
+    spec.get("values")
+        .and_then(Value::as_map)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
 #[tokio::test]
 async fn manifest_declares_everything() {
     let tmp = TempDir::new("manifest");
@@ -100,7 +115,7 @@ async fn manifest_declares_everything() {
         .iter()
         .map(|f| f.name.as_str())
         .collect();
-    assert_eq!(filter, ["path", "name", "size"]);
+    assert_eq!(filter, ["path", "name", "size", "json"]);
     let links: Vec<_> = m
         .link_types
         .iter()
@@ -724,9 +739,21 @@ async fn env_file_links_annotations_and_removal() {
     assert!(text.contains(&format!("SECRET_DB='{secret_value}'")));
     assert!(!text.contains("SECRET_DATABASE"));
 
-    // The env file's own update keeps the entries; no drift from links.
+    // The env file's own update keeps the entries; read reports them in
+    // `values` (sensitive: the links' lines may be secrets), the rest of the
+    // spec unchanged.
     let read = h.read(&env).await.expect("read").expect("exists");
-    assert_eq!(read.spec, env.spec);
+    assert_eq!(without_values(&read.spec), env.spec);
+    assert_eq!(
+        value_names(&read.spec),
+        ["DIR_DATA_DIR", "FILE_APP_CONFIG", "SECRET_DB"]
+    );
+    assert!(
+        read.spec
+            .get("values")
+            .and_then(|v| v.get("SECRET_DB"))
+            .is_some_and(Value::is_sensitive)
+    );
     let env = h
         .update(
             &env,
@@ -738,7 +765,7 @@ async fn env_file_links_annotations_and_removal() {
     assert!(text.starts_with(&format!("{MARKER}\n# line 1\n# line 2\nDIR_DATA_DIR=")));
     assert!(text.contains("SECRET_DB="));
     assert_eq!(
-        h.read(&env).await.expect("read").expect("exists").spec,
+        without_values(&h.read(&env).await.expect("read").expect("exists").spec),
         env.spec
     );
 
@@ -1084,4 +1111,145 @@ async fn link_destroy_removes_the_env_line() {
     h.update_link_resource_a(&gone).await.expect("unlink");
     let text = std::fs::read_to_string(tmp.path().join("app.env")).expect("env text");
     assert!(!text.contains("FILE_CONF="), "{text}");
+}
+
+#[tokio::test]
+async fn env_file_values_and_owned_entries() {
+    let tmp = TempDir::new("envvalues");
+    let h = harness(tmp.path()).await;
+    let env_path = tmp.join(".env");
+    let env = h
+        .create(
+            "local/envFile",
+            "env",
+            spec(serde_json::json!({"path": ".env", "values": {"PORT": "8080", "MODE": "it's"}})),
+        )
+        .await
+        .expect("env");
+    assert_eq!(
+        std::fs::read_to_string(&env_path).expect("read"),
+        format!("{MARKER}\nMODE=\"it's\"\nPORT='8080'\n")
+    );
+    // Read reports the file's entries; the spec's own values as they are.
+    let read = h.read(&env).await.expect("read").expect("exists");
+    assert_eq!(read.spec, env.spec);
+
+    // A link's line: stage declares it owned (values.<VARIABLE> of A).
+    let secret = h
+        .create("local/randomSecret", "dbPassword", Value::map())
+        .await
+        .expect("secret");
+    let req = link(&env, &secret, Value::map(), Value::Null);
+    let staged = h.stage_link(&req).await.expect("stage");
+    assert!(staged.diagnostics.is_empty(), "{:?}", staged.diagnostics);
+    assert_eq!(
+        staged.owned_paths_a,
+        [AttrPath::root().field("values").field("SECRET_DB_PASSWORD")]
+    );
+    assert!(staged.owned_paths_b.is_empty());
+    h.update_link_resource_a(&req).await.expect("link");
+    let read = h.read(&env).await.expect("read").expect("exists");
+    assert_eq!(
+        value_names(&read.spec),
+        ["MODE", "PORT", "SECRET_DB_PASSWORD"]
+    );
+    let values = read.spec.get("values").cloned().unwrap_or_default();
+    assert!(
+        values
+            .get("SECRET_DB_PASSWORD")
+            .is_some_and(Value::is_sensitive)
+    );
+    assert!(!values.get("PORT").is_some_and(Value::is_sensitive));
+
+    // A line added and a value changed by hand are seen.
+    let text = std::fs::read_to_string(&env_path).expect("read");
+    std::fs::write(
+        &env_path,
+        text.replace("PORT='8080'", "PORT='9090'") + "EXTRA=x\n",
+    )
+    .expect("edit");
+    let read = h.read(&env).await.expect("read").expect("exists");
+    let values = read.spec.get("values").cloned().unwrap_or_default();
+    assert_eq!(values.get("PORT").and_then(Value::as_str), Some("9090"));
+    assert_eq!(values.get("EXTRA").and_then(Value::as_str), Some("x"));
+
+    // An update writes the new values, removes the ones dropped from the
+    // spec, and keeps the rest (the link's line, the hand-added one).
+    let env = h
+        .update(
+            &env,
+            spec(serde_json::json!({"path": ".env", "values": {"PORT": "8081"}})),
+        )
+        .await
+        .expect("update");
+    let text = std::fs::read_to_string(&env_path).expect("read");
+    assert!(text.contains("PORT='8081'"), "{text}");
+    assert!(!text.contains("MODE="), "{text}");
+    assert!(text.contains("SECRET_DB_PASSWORD="), "{text}");
+    assert!(text.contains("EXTRA='x'"), "{text}");
+
+    // A static value with the link's variable is reported by stage.
+    let env2 = h
+        .update(
+            &env,
+            spec(serde_json::json!({"path": ".env", "values": {"SECRET_DB_PASSWORD": "mine"}})),
+        )
+        .await
+        .expect("update");
+    let staged = h
+        .stage_link(&link(&env2, &secret, Value::map(), Value::Null))
+        .await
+        .expect("stage");
+    assert_eq!(
+        codes(&staged.diagnostics),
+        [pair("local.envfile-variable-taken", "")]
+    );
+}
+
+#[tokio::test]
+async fn env_file_values_names_are_checked() {
+    let tmp = TempDir::new("envnames");
+    let h = harness(tmp.path()).await;
+    let bad = spec(serde_json::json!({"path": ".env", "values": {"1X": "a", "OK": "b"}}));
+    let ds = h
+        .validate("local/envFile", "env", bad.clone())
+        .await
+        .expect("validate");
+    assert_eq!(
+        codes(&ds),
+        [pair("local.envfile-variable-invalid", r#"values["1X"]"#)]
+    );
+    let e = h
+        .create("local/envFile", "env", bad)
+        .await
+        .expect_err("bad name");
+    assert_eq!(e.class, ErrorClass::BadInput);
+    assert!(!tmp.join(".env").exists());
+}
+
+#[tokio::test]
+async fn data_source_json_objects() {
+    let tmp = TempDir::new("dsjson");
+    let h = harness(tmp.path()).await;
+    std::fs::write(
+        tmp.join("a.json"),
+        r#"{"name": "a", "tags": {"env": "prod"}}"#,
+    )
+    .expect("write");
+    std::fs::write(tmp.join("b.json"), "[1, 2]").expect("write");
+    std::fs::write(tmp.join("c.txt"), "{not json").expect("write");
+    std::fs::write(tmp.join("d.json"), " {}\n").expect("write");
+    let items = h.fetch("local/file", vec![]).await.expect("fetch");
+    let json: Vec<_> = items.iter().map(|i| i.get("json").cloned()).collect();
+    assert_eq!(
+        json,
+        [
+            Some(spec(
+                serde_json::json!({"name": "a", "tags": {"env": "prod"}})
+            )),
+            None,
+            None,
+            Some(Value::map()),
+        ]
+    );
 }
