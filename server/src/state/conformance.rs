@@ -1011,6 +1011,17 @@ pub async fn change_set_staleness_and_double_execution(h: &Harness) {
     assert_eq!(cs1.body, json!({ "changes": [{ "create": "api" }] }));
     assert_eq!(cs1.created_at, h.clock.now());
     assert_eq!(s.get_change_set(&cs1.id).await.unwrap(), cs1);
+    assert_eq!(
+        s.get_change_set_head(&cs1.id).await.unwrap(),
+        ChangeSet {
+            body: Value::Null,
+            ..cs1.clone()
+        }
+    );
+    assert_err!(
+        s.get_change_set_head("nope").await,
+        StateError::NotFound { .. }
+    );
     assert_err!(
         s.create_change_set(new_change_set(&app, 5)).await,
         StateError::Conflict(Conflict::Rejected(_))

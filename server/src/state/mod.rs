@@ -80,6 +80,9 @@ pub trait StateStore: Send + Sync + 'static {
     /// does not change the instance.
     async fn create_change_set(&self, new: NewChangeSet) -> Result<ChangeSet>;
     async fn get_change_set(&self, change_set_id: &str) -> Result<ChangeSet>;
+    /// The change set with its body left out (`Value::Null`), for callers that need only its
+    /// status, digest or planned version: a body holds the whole plan.
+    async fn get_change_set_head(&self, change_set_id: &str) -> Result<ChangeSet>;
     async fn list_change_sets(&self, instance_id: &str) -> Result<Vec<ChangeSet>>;
     /// Atomically checks that the change set is `Planned` and that the instance is still at the
     /// version it was planned against, then marks it `Executing`, supersedes the instance's

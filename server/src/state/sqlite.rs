@@ -279,7 +279,12 @@ fn run_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Job>) -> BatchOutc
     };
     for job in batch {
         let mark = w.appended.len();
-        if let Err(e) = w.tx.execute_batch("SAVEPOINT unit") {
+        // Cached statements: a batch opens and releases thousands of savepoints, and
+        // `execute_batch` would parse each one again.
+        if let Err(e) =
+            w.tx.prepare_cached("SAVEPOINT unit")
+                .and_then(|mut st| st.execute([]))
+        {
             tracing::error!(error = %e, "state store: cannot open a savepoint");
             drop(job);
             continue;
@@ -292,7 +297,8 @@ fn run_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Job>) -> BatchOutc
                 Err(_) => (false, Box::new(|_: Result<()>| {}) as Deliver),
             };
         let closed = if ok {
-            w.tx.execute_batch("RELEASE unit")
+            w.tx.prepare_cached("RELEASE unit")
+                .and_then(|mut st| st.execute([]).map(drop))
         } else {
             // The unit's writes go; the batch goes on.
             w.appended.truncate(mark);
@@ -488,6 +494,10 @@ fn decode_export(row: &Row<'_>) -> Result<Export> {
 
 const CHANGE_SET_COLS: &str =
     "id, instance_id, planned_version, digest, body, status, created_at, updated_at";
+/// The same columns with the body left out: a body is the whole plan (megabytes for a large
+/// blueprint), and most readers need only the status, digest or version.
+const CHANGE_SET_HEAD_COLS: &str =
+    "id, instance_id, planned_version, digest, NULL, status, created_at, updated_at";
 
 fn decode_change_set(row: &Row<'_>) -> Result<ChangeSet> {
     let id: String = row.get(0)?;
@@ -496,7 +506,10 @@ fn decode_change_set(row: &Row<'_>) -> Result<ChangeSet> {
         instance_id: row.get(1)?,
         planned_version: to_u64(row.get(2)?, &what)?,
         digest: row.get(3)?,
-        body: parse_json(&row.get::<_, String>(4)?, || format!("{what} body"))?,
+        body: match row.get::<_, Option<String>>(4)? {
+            Some(text) => parse_json(&text, || format!("{what} body"))?,
+            None => Value::Null,
+        },
         status: parse_status(ChangeSetStatus::parse, &row.get::<_, String>(5)?, &what)?,
         created_at: ts(row.get(6)?),
         updated_at: ts(row.get(7)?),
@@ -564,6 +577,16 @@ fn get_instance(tx: &Transaction<'_>, id: &str) -> Result<Instance> {
 fn get_change_set(tx: &Transaction<'_>, id: &str) -> Result<ChangeSet> {
     tx.prepare_cached(&format!(
         "SELECT {CHANGE_SET_COLS} FROM change_sets WHERE id = ?1"
+    ))?
+    .query_and_then([id], decode_change_set)?
+    .next()
+    .unwrap_or_else(|| Err(StateError::not_found("change set", id)))
+}
+
+/// A change set without its body (`Value::Null`).
+fn get_change_set_head(tx: &Transaction<'_>, id: &str) -> Result<ChangeSet> {
+    tx.prepare_cached(&format!(
+        "SELECT {CHANGE_SET_HEAD_COLS} FROM change_sets WHERE id = ?1"
     ))?
     .query_and_then([id], decode_change_set)?
     .next()
@@ -816,7 +839,7 @@ impl Tx<'_> {
                 }
             }
             Change::ChangeSetStatus { id, status } => {
-                let cs = get_change_set(tx, id)?;
+                let cs = get_change_set_head(tx, id)?;
                 if cs.instance_id != inst {
                     return Err(StateError::rejected(format!(
                         "change set `{id}` belongs to instance `{}`, not `{inst}`",
@@ -1257,7 +1280,11 @@ impl StateStore for SqliteStore {
                     json!({ "changeSet": id, "plannedVersion": new.planned_version }),
                 )],
             )?;
-            get_change_set(w.tx, &id)
+            // Read back without the body, which is the one just written.
+            Ok(ChangeSet {
+                body: new.body,
+                ..get_change_set_head(w.tx, &id)?
+            })
         })
         .await
     }
@@ -1265,6 +1292,11 @@ impl StateStore for SqliteStore {
     async fn get_change_set(&self, change_set_id: &str) -> Result<ChangeSet> {
         let id = change_set_id.to_owned();
         self.read(move |tx, _| get_change_set(tx, &id)).await
+    }
+
+    async fn get_change_set_head(&self, change_set_id: &str) -> Result<ChangeSet> {
+        let id = change_set_id.to_owned();
+        self.read(move |tx, _| get_change_set_head(tx, &id)).await
     }
 
     async fn list_change_sets(&self, instance_id: &str) -> Result<Vec<ChangeSet>> {
@@ -1290,7 +1322,7 @@ impl StateStore for SqliteStore {
         // set superseded), so it travels as `Ok(Err(..))` through the transaction.
         self.write(move |w| -> Result<Result<Committed>> {
             w.fence(&lease)?;
-            let cs = get_change_set(w.tx, &id)?;
+            let cs = get_change_set_head(w.tx, &id)?;
             if cs.instance_id != lease.instance_id {
                 return Err(StateError::rejected(format!(
                     "change set `{id}` belongs to instance `{}`, not `{}`",
@@ -1384,7 +1416,7 @@ impl StateStore for SqliteStore {
             }
             get_instance(w.tx, &new.instance_id)?;
             if let Some(cs_id) = &new.change_set_id {
-                let cs = get_change_set(w.tx, cs_id)?;
+                let cs = get_change_set_head(w.tx, cs_id)?;
                 if cs.instance_id != new.instance_id {
                     return Err(StateError::rejected(format!(
                         "change set `{cs_id}` belongs to instance `{}`, not `{}`",
