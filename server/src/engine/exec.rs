@@ -265,7 +265,8 @@ struct Node {
 /// Runs nodes in dependency order, up to `max_parallel` at once. `start(i)` is called on the
 /// loop thread when node `i` is ready: it returns the job to run, `Ok(None)` when there is
 /// nothing to do (the node is done at once), or an error that fails the node. `finish` sees
-/// every finished node. Stops starting work at the first failure or when `ctx.stop` fires.
+/// every finished node, before its outcome is committed (with the intents of the dependents
+/// it makes ready). Stops starting work at the first failure or when `ctx.stop` fires.
 fn schedule(
     ctx: &Arc<RunContext>,
     nodes: &mut [Node],
@@ -295,9 +296,40 @@ fn schedule(
             }
         }
     };
+    // Each turn records one unit of work: the outcomes of the provider calls that came back
+    // and the intents of the creates and updates they made ready. One commit (and one fsync)
+    // per turn rather than two keeps the store off the critical path of a deep graph; the
+    // intents still precede their calls, and the outcomes their dependents' calls.
+    let mut arrived: Vec<Msg> = Vec::new();
     loop {
-        // Start what is ready. Creates and updates record their intents together, in one
-        // unit of work, before any of their provider calls goes out.
+        let mut changes: Vec<Change> = Vec::new();
+        let mut events: Vec<NewEvent> = Vec::new();
+        in_flight -= arrived.len();
+        for m in arrived.drain(..) {
+            let (i, result) = match m {
+                Msg::Done(i, r) => (i, r),
+                Msg::Called(i, job, r) => {
+                    let (c, e, result) = outcome(job, r);
+                    changes.extend(c);
+                    events.push(e);
+                    (i, result)
+                }
+            };
+            match result {
+                Ok(d) => {
+                    done += 1;
+                    finish(i, &d);
+                    release(nodes, &mut ready, i);
+                }
+                Err(e) => {
+                    if failure.is_none() {
+                        failure = Some((e, false));
+                    }
+                }
+            }
+        }
+        // Start what is ready. Creates and updates record their intents in this turn's unit
+        // of work, before any of their provider calls goes out.
         let mut batch: Vec<(usize, Apply)> = Vec::new();
         while failure.is_none() && in_flight + batch.len() < ctx.max_parallel {
             if ctx.stop.is_cancelled() {
@@ -323,9 +355,12 @@ fn schedule(
                 Err(e) => failure = Some((e, false)),
             }
         }
-        if !batch.is_empty() {
-            let (changes, events): (Vec<Change>, Vec<NewEvent>) =
-                batch.iter().map(|(_, job)| intent(job)).unzip();
+        if !events.is_empty() || !batch.is_empty() {
+            for (_, job) in &batch {
+                let (c, e) = intent(job);
+                changes.push(c);
+                events.push(e);
+            }
             match ctx.commit_blocking(changes, events) {
                 Ok(_) => {
                     for (i, job) in batch {
@@ -339,6 +374,8 @@ fn schedule(
                     }
                 }
                 Err(e) => {
+                    // Nothing of the turn was recorded: the calls that came back happened and
+                    // their intents stay (reconcile settles them); the new ones never start.
                     if failure.is_none() {
                         failure = Some((format!("state store: {e}"), false));
                     }
@@ -348,57 +385,13 @@ fn schedule(
         if in_flight == 0 {
             break;
         }
-        // Wait for one result, then take whatever else has arrived: outcomes of provider calls
-        // are recorded together, in one unit of work.
+        // Wait for one result, then take whatever else has arrived.
         let Some(first) = rx.blocking_recv() else {
             break;
         };
-        let mut arrived = vec![first];
+        arrived.push(first);
         while let Ok(m) = rx.try_recv() {
             arrived.push(m);
-        }
-        in_flight -= arrived.len();
-        let mut results: Vec<(usize, Result<Done, String>)> = Vec::new();
-        let mut called = Vec::new();
-        for m in arrived {
-            match m {
-                Msg::Done(i, r) => results.push((i, r)),
-                Msg::Called(i, job, r) => called.push((i, job, r)),
-            }
-        }
-        if !called.is_empty() {
-            let mut changes = Vec::new();
-            let mut events = Vec::new();
-            let mut outcomes = Vec::new();
-            for (i, job, r) in called {
-                let (c, e, done) = outcome(job, r);
-                changes.extend(c);
-                events.push(e);
-                outcomes.push((i, done));
-            }
-            match ctx.commit_blocking(changes, events) {
-                Ok(_) => results.extend(outcomes),
-                Err(e) => {
-                    // Nothing of the batch was recorded: the provider calls happened, their
-                    // intents stay, and reconcile settles them.
-                    let msg = format!("state store: {e}");
-                    results.extend(outcomes.into_iter().map(|(i, _)| (i, Err(msg.clone()))));
-                }
-            }
-        }
-        for (i, result) in results {
-            match result {
-                Ok(d) => {
-                    done += 1;
-                    finish(i, &d);
-                    release(nodes, &mut ready, i);
-                }
-                Err(e) => {
-                    if failure.is_none() {
-                        failure = Some((e, false));
-                    }
-                }
-            }
         }
     }
     match failure {
@@ -1010,7 +1003,10 @@ pub async fn reconcile_one(
                     recreate(ctx).await
                 }
                 super::provision::Observed::Exists { spec, state } => {
-                    let drifted = !super::drift_fields(&r.spec, &spec).is_empty();
+                    let state_now = ctx.store.load_state(&inst).await.map_err(fail)?;
+                    let checker =
+                        super::drift::Checker::load(ctx.provisioner.as_ref(), &state_now).await;
+                    let drifted = !checker.fields(r, &spec).is_empty();
                     let unsettled = matches!(r.status, S::UpdateRequested | S::UpdateFailed);
                     if !drifted && !unsettled {
                         return Ok(());
