@@ -26,7 +26,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release")
+# TRELLIS_BENCH_BIN: a directory holding copies of the binaries (so a rebuild in target/ cannot
+# change them mid-run).
+BIN = os.environ.get("TRELLIS_BENCH_BIN") or os.path.join(ROOT, "target", "release")
 
 
 def blueprint(n, layers, latency):
@@ -52,6 +54,28 @@ def rss_kib(pid):
     except OSError:
         pass
     return 0
+
+
+def cpu_s(pid):
+    """User + system CPU seconds of a process (its reaped children excluded)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def children(pid):
+    """Child processes (plugins), whichever of the engine's threads started them."""
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
 
 
 def run(n, layers, latency, parallel):
@@ -96,7 +120,10 @@ def run(n, layers, latency, parallel):
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
+        plugins = children(engine.pid)
+        cpu0 = cpu_s(engine.pid), sum(cpu_s(p) for p in plugins)
         deploy_s, _ = cli("deploy", "--change-set", cs)
+        cpu1 = cpu_s(engine.pid), sum(cpu_s(p) for p in plugins)
         done.set()
         sampler.join()
         engine.terminate()
@@ -106,6 +133,7 @@ def run(n, layers, latency, parallel):
             "resources": n, "layers": layers, "latency_ms": latency, "parallel": parallel,
             "plan_s": plan_s, "deploy_s": deploy_s, "ratio": deploy_s / critical,
             "rss_idle_mib": idle / 1024, "rss_peak_mib": peak[0] / 1024,
+            "engine_cpu_s": cpu1[0] - cpu0[0], "plugin_cpu_s": cpu1[1] - cpu0[1],
         }
     finally:
         if os.environ.get("TRELLIS_BENCH_KEEP"):
@@ -124,14 +152,16 @@ def main():
     args = ap.parse_args()
     if not os.path.exists(os.path.join(BIN, "trellis-provider-sim")):
         raise SystemExit("build first: cargo build --release --workspace")
-    print("| resources | layers x latency | parallel | plan | deploy | deploy / critical path | RSS idle | RSS peak |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| resources | layers x latency | parallel | plan | deploy | deploy / critical path "
+          "| RSS idle | RSS peak | engine CPU | plugin CPU |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n in args.resources:
         parallel = args.parallel or max(1, n // args.layers)
         r = run(n, args.layers, args.latency_ms, parallel)
         print(f"| {n:,} | {args.layers} x {args.latency_ms} ms | {parallel} | {r['plan_s']:.2f} s "
               f"| {r['deploy_s']:.2f} s | {r['ratio']:.3f} | {r['rss_idle_mib']:.0f} MiB "
-              f"| {r['rss_peak_mib']:.0f} MiB |", flush=True)
+              f"| {r['rss_peak_mib']:.0f} MiB | {r['engine_cpu_s']:.2f} s "
+              f"| {r['plugin_cpu_s']:.2f} s |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
 //! `trellis-provider-sim`: started by the Trellis engine (see README.md).
 
+// Every provider call decodes, builds and drops a few small maps and strings; the system
+// allocator spent about a sixth of this plugin's CPU on them in a 10,000-resource deploy.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     trellis_plugin_sdk::serve_provider(trellis_provider_sim::Sim::new())
 }
