@@ -4,12 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
+use super::remote::{self, IncludeUrl};
+
 /// Includes nest at most this deep (the root blueprint is depth 0).
 pub const MAX_DEPTH: usize = 8;
 
 /// `a/./b/../c` → `a/c`; a leading `..` that would leave the root is kept (and then found
-/// nowhere).
+/// nowhere). A URL (`https://...`, already normalized when parsed) is returned as it is.
 pub fn normalize(path: &str) -> String {
+    if remote::is_remote(path) {
+        return path.to_owned();
+    }
     let absolute = path.starts_with('/');
     let mut parts: Vec<&str> = Vec::new();
     for p in path.split('/') {
@@ -35,24 +40,41 @@ fn dir_of(file: &str) -> &str {
 }
 
 /// Finds a child's document: `path` as written in the include of `parent` (a file key of the
-/// request, or an absolute path when the parent was read from the engine host).
+/// request, an absolute path when the parent was read from the engine host, or the URL the
+/// parent was fetched from).
 ///
-/// - `https://` and `http://` sources are refused: this engine fetches nothing from the
-///   network (no host is allow-listed).
-/// - Relative paths are relative to the parent's directory; the file must have been sent with
-///   the request, or, for a parent read from disk, lie under an allowed root.
+/// - `https://` sources are handed to `fetch` (the engine's [`remote::RemoteIncludes`]: only
+///   from allow-listed hosts, size-limited); `http://` is refused (not encrypted). The child's
+///   file name is its URL without the query; a document of that name in `files` (fetched when
+///   the change set was planned) is used instead of fetching again.
+/// - In a child fetched over https, a relative path is relative to its URL (fetched the same
+///   way); an absolute path is refused.
+/// - Otherwise relative paths are relative to the parent's directory; the file must have been
+///   sent with the request, or, for a parent read from disk, lie under an allowed root.
 /// - Absolute paths (e.g. from `${cwd()}`) must lie under an allowed root.
 pub fn resolve(
     parent: &str,
     path: &str,
     files: &[(String, Vec<u8>)],
     allowed_roots: &[PathBuf],
+    fetch: &dyn Fn(&IncludeUrl) -> Result<Vec<u8>, String>,
 ) -> Result<(String, Vec<u8>), String> {
-    if path.starts_with("https://") || path.starts_with("http://") {
-        return Err(format!(
-            "`{path}`: remote includes are not fetched (no host is allow-listed on this engine); \
-             send the file with the request instead"
-        ));
+    let url = if remote::is_remote(path) {
+        Some(IncludeUrl::parse(path)?)
+    } else if remote::is_remote(parent) {
+        Some(IncludeUrl::parse(parent)?.join(path)?)
+    } else {
+        None
+    };
+    if let Some(url) = url {
+        let name = url.to_string();
+        // Fetched while planning: the change set holds the document, so execution deploys
+        // exactly what was planned (and asks the server nothing).
+        if let Some((_, content)) = files.iter().find(|(n, _)| *n == name) {
+            return Ok((name, content.clone()));
+        }
+        let content = fetch(&url)?;
+        return Ok((name, content));
     }
     let key = match (path.starts_with('/'), dir_of(parent)) {
         (true, _) | (false, "") => normalize(path),
@@ -91,8 +113,15 @@ mod tests {
         assert_eq!(normalize("../up.yaml"), "../up.yaml");
     }
 
+    fn no_fetch(url: &IncludeUrl) -> Result<Vec<u8>, String> {
+        panic!("{url} fetched")
+    }
+
     #[test]
     fn children_resolve_relative_to_their_parent() {
+        let resolve = |parent: &str, path: &str, files: &[(String, Vec<u8>)], roots: &[PathBuf]| {
+            super::resolve(parent, path, files, roots, &no_fetch)
+        };
         let files = vec![
             ("app.yaml".to_owned(), b"root".to_vec()),
             ("children/a.yaml".to_owned(), b"a".to_vec()),
@@ -109,10 +138,46 @@ mod tests {
         assert_eq!(name, "children/b.yaml");
         let missing = resolve("app.yaml", "nope.yaml", &files, &[]).unwrap_err();
         assert!(missing.contains("not sent"), "{missing}");
-        let remote = resolve("app.yaml", "https://example.com/x.yaml", &files, &[]).unwrap_err();
-        assert!(remote.contains("remote includes"), "{remote}");
+        let plain = resolve("app.yaml", "http://example.com/x.yaml", &files, &[]).unwrap_err();
+        assert!(plain.contains("not encrypted"), "{plain}");
         // Absolute paths need an allowed root.
         let denied = resolve("app.yaml", "/etc/hostname", &files, &[]).unwrap_err();
         assert!(denied.contains("--allow-path"), "{denied}");
+    }
+
+    #[test]
+    fn remote_children_and_their_relative_includes_are_fetched() {
+        let fetched = std::cell::RefCell::new(Vec::new());
+        let fetch = |url: &IncludeUrl| {
+            fetched.borrow_mut().push(url.to_string());
+            Ok(format!("from {url}").into_bytes())
+        };
+        let files = vec![("child.yaml".to_owned(), b"local".to_vec())];
+        let (name, content) = resolve(
+            "app.yaml",
+            "https://Bp.Example:8443/a/child.yaml?token=t",
+            &files,
+            &[],
+            &fetch,
+        )
+        .unwrap();
+        assert_eq!(name, "https://bp.example:8443/a/child.yaml");
+        assert_eq!(content, b"from https://bp.example:8443/a/child.yaml");
+        // Inside the fetched child, `child.yaml` is next to it on the server, never the
+        // request's file of that name.
+        let (name, _) = resolve(&name, "./child.yaml", &files, &[], &fetch).unwrap();
+        assert_eq!(name, "https://bp.example:8443/a/child.yaml");
+        let (name, _) = resolve(&name, "../b/db.yaml", &files, &[], &fetch).unwrap();
+        assert_eq!(name, "https://bp.example:8443/b/db.yaml");
+        let abs = resolve(&name, "/etc/passwd", &files, &[], &fetch).unwrap_err();
+        assert!(abs.contains("absolute"), "{abs}");
+        assert_eq!(fetched.borrow().len(), 3);
+        // The fetcher's refusal is the error.
+        let refused = resolve("app.yaml", "https://x.example/c.yaml", &files, &[], &|u| {
+            Err(format!("{u}: not allowed"))
+        })
+        .unwrap_err();
+        assert_eq!(refused, "https://x.example/c.yaml: not allowed");
+        assert_eq!(normalize("https://h/a/b.yaml"), "https://h/a/b.yaml");
     }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::server::{Connected, TcpConnectInfo, UdsConnectInfo};
@@ -108,6 +109,17 @@ pub struct ServeArgs {
     /// Largest child blueprint fetched over https, in bytes (default 1 MiB).
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INCLUDE_BYTES")]
     pub max_include_bytes: Option<u64>,
+    /// A PEM file of CA certificates trusted for `https://` includes, besides the system's
+    /// (for a private CA).
+    #[arg(long, value_name = "FILE", env = "TRELLIS_INCLUDE_CA_CERT")]
+    pub include_ca_cert: Option<PathBuf>,
+    /// The engine's TLS certificate chain (PEM): serve the engine API over TLS on TCP.
+    /// Needs --tls-key.
+    #[arg(long, value_name = "FILE", env = "TRELLIS_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1) of --tls-cert.
+    #[arg(long, value_name = "FILE", env = "TRELLIS_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
     /// Largest blueprint or variables file accepted, in bytes (default 10 MiB).
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE")]
     pub max_input_size: Option<usize>,
@@ -138,9 +150,32 @@ pub struct ServeConfig {
     /// Lower-case host names (optionally `host:port`); empty means remote includes are refused.
     pub include_hosts: Vec<String>,
     pub max_include_bytes: u64,
+    /// Extra roots trusted for `https://` includes (`--include-ca-cert`).
+    pub include_ca_certs: Vec<CertificateDer<'static>>,
+    /// Serve the engine API over TLS (TCP only).
+    pub tls: Option<TlsIdentity>,
     pub max_input_size: usize,
     pub lease_ttl: Duration,
     pub event_retention: Duration,
+}
+
+/// The engine's TLS certificate chain and key, read and checked (they parse and match).
+#[derive(Clone)]
+pub struct TlsIdentity {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl fmt::Debug for TlsIdentity {
+    /// Paths only: never the key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsIdentity")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where the engine accepts connections.
@@ -196,6 +231,12 @@ struct FileSettings {
     allow_include_host: Option<Vec<String>>,
     #[serde(alias = "max_include_bytes")]
     max_include_bytes: Option<u64>,
+    #[serde(alias = "include_ca_cert")]
+    include_ca_cert: Option<PathBuf>,
+    #[serde(alias = "tls_cert")]
+    tls_cert: Option<PathBuf>,
+    #[serde(alias = "tls_key")]
+    tls_key: Option<PathBuf>,
     #[serde(alias = "max_input_size")]
     max_input_size: Option<usize>,
     #[serde(alias = "lease_ttl")]
@@ -391,6 +432,40 @@ impl ServeArgs {
         );
         at_least_one(max_include_bytes, origin, "max-include-bytes")?;
 
+        let include_ca_certs = match layer(self.include_ca_cert, settings.include_ca_cert, file) {
+            Some((path, origin)) => {
+                let path = path_setting(&path, origin, &cwd, "include-ca-cert")?;
+                crate::engine::remote::read_certificates(&path)
+                    .map_err(|e| origin.error("include-ca-cert", e))?
+            }
+            None => Vec::new(),
+        };
+
+        let tls = match (
+            layer(self.tls_cert, settings.tls_cert, file),
+            layer(self.tls_key, settings.tls_key, file),
+        ) {
+            (None, None) => None,
+            (Some((_, origin)), None) => {
+                return Err(origin.error(
+                    "tls-cert",
+                    "needs --tls-key (TRELLIS_TLS_KEY, `tls-key`) too: the certificate's private key",
+                ));
+            }
+            (None, Some((_, origin))) => {
+                return Err(origin.error(
+                    "tls-key",
+                    "needs --tls-cert (TRELLIS_TLS_CERT, `tls-cert`) too: the certificate it belongs to",
+                ));
+            }
+            (Some((cert, cert_origin)), Some((key, key_origin))) => Some(tls_identity(
+                path_setting(&cert, cert_origin, &cwd, "tls-cert")?,
+                cert_origin,
+                path_setting(&key, key_origin, &cwd, "tls-key")?,
+                key_origin,
+            )?),
+        };
+
         let (max_input_size, origin) = layer_or(
             self.max_input_size,
             settings.max_input_size,
@@ -429,6 +504,8 @@ impl ServeArgs {
             allowed_roots,
             include_hosts,
             max_include_bytes,
+            include_ca_certs,
+            tls,
             max_input_size,
             lease_ttl,
             event_retention: DAY * retention_days,
@@ -527,6 +604,51 @@ fn check_log_filter(spec: &str) -> Result<(), String> {
     tracing_subscriber::EnvFilter::try_new(spec)
         .map(drop)
         .map_err(|e| format!("`{spec}` is not a log filter: {e}"))
+}
+
+/// Reads the engine's certificate chain and key and checks that a TLS server can use them:
+/// both parse, and the key is the certificate's.
+fn tls_identity(
+    cert: PathBuf,
+    cert_origin: Origin,
+    key: PathBuf,
+    key_origin: Origin,
+) -> Result<TlsIdentity, String> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::PrivateKeyDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+
+    let cert_pem = std::fs::read(&cert)
+        .map_err(|e| cert_origin.error("tls-cert", format_args!("{}: {e}", cert.display())))?;
+    let key_pem = std::fs::read(&key)
+        .map_err(|e| key_origin.error("tls-key", format_args!("{}: {e}", key.display())))?;
+    let chain = crate::engine::remote::certificates_from_pem(&cert_pem)
+        .map_err(|e| cert_origin.error("tls-cert", format_args!("{}: {e}", cert.display())))?;
+    let private_key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        key_origin.error(
+            "tls-key",
+            format_args!("{}: no PEM private key in it ({e})", key.display()),
+        )
+    })?;
+    rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS: {e}"))?
+    .with_no_client_auth()
+    .with_single_cert(chain, private_key)
+    .map_err(|e| {
+        key_origin.error(
+            "tls-key",
+            format_args!("{} cannot serve {}: {e}", key.display(), cert.display()),
+        )
+    })?;
+    Ok(TlsIdentity {
+        cert,
+        key,
+        cert_pem,
+        key_pem,
+    })
 }
 
 /// A host allowed for remote includes: a bare name, optionally with a port, lower-cased

@@ -1,8 +1,8 @@
 //! `trellis serve`: the engine daemon. Opens the state store in the data directory (one engine
 //! per directory), recovers operations a previous run left unfinished, serves the engine API
-//! with gRPC health and reflection, and on SIGTERM/SIGINT drains: no new mutations, running
-//! operations stop at a safe point within the drain timeout (or are marked interrupted), plugins
-//! are stopped, exit 0.
+//! with gRPC health and reflection (over TLS on TCP with `--tls-cert`/`--tls-key`), and on
+//! SIGTERM/SIGINT drains: no new mutations, running operations stop at a safe point within the
+//! drain timeout (or are marked interrupted), plugins are stopped, exit 0.
 
 pub mod api;
 pub mod config;
@@ -13,13 +13,19 @@ use std::sync::Arc;
 pub use config::ServeArgs;
 use config::{Bound, ServeConfig};
 
+use tonic::transport::{Identity, ServerTlsConfig};
+
 use crate::engine::provision::PluginProvisioner;
+use crate::engine::remote::RemoteIncludes;
 use crate::engine::{Engine, EngineConfig};
 use crate::plugins::{HostConfig, PluginHost};
 use crate::state::{RetentionPolicy, SqliteStore, StateStore};
 
 /// How long connections may take to close after the drain.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A client that connects must finish its TLS handshake within this time.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The gRPC service name health reports on.
 pub const SERVICE_NAME: &str = "trellis.engine.v1.Engine";
@@ -71,6 +77,12 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     let host = Arc::new(PluginHost::new(host_config));
 
     let cwd = std::env::current_dir().map_err(|e| format!("working directory: {e}"))?;
+    let remote_includes = RemoteIncludes::new(
+        config.include_hosts.clone(),
+        config.max_include_bytes,
+        &config.include_ca_certs,
+    )
+    .map_err(|e| format!("remote includes (--allow-include-host): {e}"))?;
     let engine = Engine::new(
         store.clone(),
         host.clone(),
@@ -81,17 +93,13 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
             lease_ttl: config.lease_ttl,
             max_input_size: config.max_input_size,
             allowed_roots: config.allowed_roots.clone(),
+            remote_includes,
             cwd,
         },
         tokio::runtime::Handle::current(),
     );
     if !config.include_hosts.is_empty() {
-        // Accepted so configuration files stay valid, but this build fetches nothing.
-        tracing::warn!(
-            hosts = ?config.include_hosts,
-            "remote includes are not fetched by this build: --allow-include-host has no effect, \
-             and https:// includes are refused"
-        );
+        tracing::info!(hosts = ?config.include_hosts, max_bytes = config.max_include_bytes, "https:// includes are fetched from these hosts");
     }
     let interrupted = engine.recover().await.map_err(|e| e.to_string())?;
     for op in &interrupted {
@@ -124,9 +132,22 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     let bound = config::bind(&config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    // TLS on TCP only: a Unix socket is protected by its file permissions.
+    let tls = match (&config.tls, &bound) {
+        (Some(tls), Bound::Tcp(..)) => Some(tls),
+        (Some(tls), Bound::Unix(..)) => {
+            tracing::warn!(cert = %tls.cert.display(), "TLS is not used on a Unix socket: --tls-cert and --tls-key are ignored");
+            None
+        }
+        (None, _) => None,
+    };
+    let address = match tls {
+        Some(_) => format!("https://{}", bound.display()),
+        None => bound.display(),
+    };
     // Tests and scripts read this line to learn the address (port 0 picks a free one).
-    println!("trellis engine listening on {}", bound.display());
-    tracing::info!(address = %bound.display(), data_dir = %config.data_dir.display(), "engine started");
+    println!("trellis engine listening on {address}");
+    tracing::info!(address = %address, data_dir = %config.data_dir.display(), "engine started");
 
     let signal_engine = engine.clone();
     let signal_shutdown = shutdown.clone();
@@ -145,7 +166,17 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         signal_shutdown.cancel();
     });
 
-    let router = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(
+                ServerTlsConfig::new()
+                    .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+                    .timeout(TLS_HANDSHAKE_TIMEOUT),
+            )
+            .map_err(|e| format!("TLS ({}): {e}", tls.cert.display()))?;
+    }
+    let router = builder
         .add_service(health_service)
         .add_service(reflection)
         .add_service(engine_service);
