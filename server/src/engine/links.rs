@@ -1,6 +1,6 @@
 //! Links at deploy time: which links the blueprint wants (the validated selection, with `each`
-//! templates expanded element-wise), what changes against the links in state, and the order
-//! hard links impose on resources.
+//! templates expanded element-wise), what changes against the links in state, the order
+//! hard links impose on resources, and the fields each link owns.
 
 use std::collections::{HashMap, HashSet};
 
@@ -8,7 +8,7 @@ use serde_json::{Value as Json, json};
 
 use super::plan::{Action, PlannedResource};
 use super::prepare::Prepared;
-use crate::state::InstanceState;
+use crate::state::{InstanceState, Link};
 use crate::validate::links::select_links;
 use crate::validate::providers::Manifests;
 
@@ -149,6 +149,149 @@ pub fn provider_of(link_type: &str) -> String {
     link_type.split('/').next().unwrap_or_default().to_owned()
 }
 
+/// The key of a link record's data (`state::Link::data`) under which the engine keeps the
+/// fields the link owns: `{"$owned": {"a": ["spec.values.FILE_A"], "b": []}}`, next to the
+/// provider's link data. It is never shown as link data: [`link_data`] leaves it out, for
+/// `${link(a, b)}`, API answers and the provider's next call.
+pub const OWNED_KEY: &str = "$owned";
+
+/// The fields of resources A and B a link owns (from its StageLink), as
+/// [`super::diff::FieldChange::path`]s: `spec.values.FILE_A`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnedPaths {
+    pub a: Vec<String>,
+    pub b: Vec<String>,
+}
+
+impl OwnedPaths {
+    pub fn is_empty(&self) -> bool {
+        self.a.is_empty() && self.b.is_empty()
+    }
+
+    /// From the attribute paths a provider's StageLink returns (relative to the spec).
+    pub fn from_pb(
+        a: &[trellis_proto::plugin::v1::AttributePath],
+        b: &[trellis_proto::plugin::v1::AttributePath],
+    ) -> OwnedPaths {
+        let render = |paths: &[trellis_proto::plugin::v1::AttributePath]| {
+            let mut out: Vec<String> = Vec::new();
+            for p in paths.iter().map(spec_path) {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+            out
+        };
+        OwnedPaths {
+            a: render(a),
+            b: render(b),
+        }
+    }
+}
+
+/// An attribute path of a spec as a field path: `values` / `FILE_A` → `spec.values.FILE_A`;
+/// an empty path is the whole spec, `spec`.
+pub fn spec_path(p: &trellis_proto::plugin::v1::AttributePath) -> String {
+    use trellis_proto::plugin::v1::path_step::Step;
+    let mut out = "spec".to_owned();
+    for step in &p.steps {
+        match &step.step {
+            Some(Step::Field(name)) => super::drift::push_key(&mut out, name),
+            Some(Step::Index(i)) => out.push_str(&format!("[{i}]")),
+            None => {}
+        }
+    }
+    out
+}
+
+/// Whether a stored value is a secret wrapper (`state_values`): its data cannot take a key.
+fn is_secret_wrapper(o: &serde_json::Map<String, Json>) -> bool {
+    o.len() == 1 && o.contains_key("$sensitive")
+}
+
+/// The data to record for a link: the provider's link data with the owned paths beside it.
+/// Link data that is not a mapping (or null) cannot hold them: they are then not recorded,
+/// and the fields stay subject to drift.
+pub fn record_data(data: Json, owned: &OwnedPaths) -> Json {
+    let mut data = data;
+    if let Json::Object(o) = &mut data {
+        o.remove(OWNED_KEY);
+    }
+    if owned.is_empty() {
+        return data;
+    }
+    let entry = json!({ "a": owned.a, "b": owned.b });
+    match data {
+        Json::Null => json!({ OWNED_KEY: entry }),
+        Json::Object(mut o) if !is_secret_wrapper(&o) => {
+            o.insert(OWNED_KEY.to_owned(), entry);
+            Json::Object(o)
+        }
+        other => {
+            tracing::warn!(
+                "link data is not a mapping: the fields the link owns are not recorded, and drift checks compare them"
+            );
+            other
+        }
+    }
+}
+
+/// The provider's link data of a link record (without the owned paths).
+pub fn link_data(stored: &Json) -> Json {
+    match stored {
+        Json::Object(o) if o.contains_key(OWNED_KEY) => {
+            let rest: serde_json::Map<String, Json> = o
+                .iter()
+                .filter(|(k, _)| *k != OWNED_KEY)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if rest.is_empty() {
+                Json::Null
+            } else {
+                Json::Object(rest)
+            }
+        }
+        other => other.clone(),
+    }
+}
+
+/// The owned paths recorded with a link.
+pub fn owned_paths(stored: &Json) -> OwnedPaths {
+    let list = |side: &str| -> Vec<String> {
+        stored
+            .get(OWNED_KEY)
+            .and_then(|o| o.get(side))
+            .and_then(Json::as_array)
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(Json::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    OwnedPaths {
+        a: list("a"),
+        b: list("b"),
+    }
+}
+
+/// Resource name → the fields links own on it (A's paths of the links it is A of, B's of the
+/// links it is B of).
+pub fn owned_by_resource(links: &[Link]) -> HashMap<String, Vec<String>> {
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    for l in links {
+        let owned = owned_paths(&l.data);
+        for (name, paths) in [(&l.resource_a, owned.a), (&l.resource_b, owned.b)] {
+            if !paths.is_empty() {
+                out.entry(name.clone()).or_default().extend(paths);
+            }
+        }
+    }
+    out
+}
+
 pub fn to_json(links: &[PlannedLink]) -> Json {
     Json::Array(
         links
@@ -234,6 +377,82 @@ mod tests {
             children: vec![],
             exports: vec![],
         }
+    }
+
+    #[test]
+    fn owned_paths_are_kept_beside_link_data() {
+        use trellis_proto::plugin::v1::{AttributePath, PathStep, path_step::Step};
+        let path = |steps: &[&str]| AttributePath {
+            steps: steps
+                .iter()
+                .map(|s| PathStep {
+                    step: Some(match s.parse::<u64>() {
+                        Ok(i) => Step::Index(i),
+                        Err(_) => Step::Field((*s).to_owned()),
+                    }),
+                })
+                .collect(),
+        };
+        let owned = OwnedPaths::from_pb(
+            &[
+                path(&["values", "FILE_A"]),
+                path(&["values", "FILE_A"]),
+                path(&["list", "0", "a.b"]),
+            ],
+            &[path(&[])],
+        );
+        assert_eq!(
+            owned,
+            OwnedPaths {
+                a: vec!["spec.values.FILE_A".into(), r#"spec.list[0]["a.b"]"#.into()],
+                b: vec!["spec".into()],
+            }
+        );
+        let data = json!({ "variable": "FILE_A" });
+        let stored = record_data(data.clone(), &owned);
+        assert_eq!(stored["variable"], "FILE_A");
+        assert_eq!(link_data(&stored), data);
+        assert_eq!(owned_paths(&stored), owned);
+        // Recorded again (an update): replaced, not nested.
+        let again = record_data(stored.clone(), &OwnedPaths::default());
+        assert_eq!(again, data);
+        // Null link data; non-mapping link data cannot hold them.
+        let stored = record_data(Json::Null, &owned);
+        assert_eq!(link_data(&stored), Json::Null);
+        assert_eq!(owned_paths(&stored), owned);
+        assert_eq!(record_data(json!([1]), &owned), json!([1]));
+        let secret = json!({ "$sensitive": { "x": 1 } });
+        assert_eq!(record_data(secret.clone(), &owned), secret);
+        assert_eq!(owned_paths(&json!({ "a": 1 })), OwnedPaths::default());
+    }
+
+    #[test]
+    fn owned_paths_by_resource() {
+        let mut s = state(&[("env", "f"), ("env", "g")]);
+        s.links[0].data = record_data(
+            Json::Null,
+            &OwnedPaths {
+                a: vec!["spec.values.FILE_F".into()],
+                b: vec!["spec.tags".into()],
+            },
+        );
+        s.links[1].data = record_data(
+            json!({ "x": 1 }),
+            &OwnedPaths {
+                a: vec!["spec.values.FILE_G".into()],
+                b: vec![],
+            },
+        );
+        let owned = owned_by_resource(&s.links);
+        assert_eq!(
+            owned["env"],
+            [
+                "spec.values.FILE_F".to_owned(),
+                "spec.values.FILE_G".to_owned()
+            ]
+        );
+        assert_eq!(owned["f"], ["spec.tags".to_owned()]);
+        assert!(!owned.contains_key("g"));
     }
 
     fn actions(links: &[PlannedLink]) -> Vec<(String, &'static str)> {

@@ -91,8 +91,15 @@ pub trait Provisioner: Send + Sync + 'static {
     async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure>;
     async fn read(&self, target: &Target) -> Result<Observed, Failure>;
     /// Runs a link through its phases (stage, update resource A, update resource B, update
-    /// intermediaries); returns the link data to record.
+    /// intermediaries); returns the link data to record, with the fields the link owns
+    /// (`links::record_data`). `call.link_data` is the recorded data, owned paths included.
     async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure>;
+    /// The spec schema of a resource type, when its provider declares one: drift checks read
+    /// it to tell a map (whose new entries are drift) from an object.
+    async fn spec_schema(&self, resource_type: &str) -> Option<pb::Schema> {
+        let _ = resource_type;
+        None
+    }
 }
 
 /// Link data from a phase merged over what earlier phases returned (top-level keys replace).
@@ -226,6 +233,8 @@ impl Provisioner for PluginProvisioner {
             .provider(&call.provider)
             .map_err(|e| Failure::new(describe(&e)))?;
         let opts = options(&call.a, idempotency_key);
+        // The provider sees its own link data, without the owned paths kept beside it.
+        let recorded = super::links::link_data(&call.link_data);
         let mut ctx = pb::LinkContext {
             context: None,
             link_type: call.link_type.clone(),
@@ -233,7 +242,7 @@ impl Provisioner for PluginProvisioner {
             resource_b: current(&call.b),
             annotations_a: Some(stored_pb(&call.annotations_a)),
             annotations_b: Some(stored_pb(&call.annotations_b)),
-            link_data: Some(stored_pb(&call.link_data)),
+            link_data: Some(stored_pb(&recorded)),
             update_type: match call.update {
                 LinkUpdate::Create => pb::LinkUpdateType::LinkCreate,
                 LinkUpdate::Update => pb::LinkUpdateType::LinkUpdate,
@@ -274,7 +283,8 @@ impl Provisioner for PluginProvisioner {
                 errors.join("; ")
             )));
         }
-        let mut data = call.link_data.clone();
+        let owned = super::links::OwnedPaths::from_pb(&staged.owned_paths_a, &staged.owned_paths_b);
+        let mut data = recorded;
         // Resource A, then resource B; each phase sees the link data of the ones before it.
         for phase in ["update resource A", "update resource B"] {
             let req = pb::UpdateLinkResourceRequest {
@@ -309,7 +319,24 @@ impl Provisioner for PluginProvisioner {
             &mut data,
             resp.link_data.as_ref().map_or(Json::Null, raw_json),
         );
-        Ok(data)
+        Ok(super::links::record_data(data, &owned))
+    }
+
+    async fn spec_schema(&self, resource_type: &str) -> Option<pb::Schema> {
+        let manifest = self
+            .host
+            .manifest_of(
+                crate::plugins::PluginKind::Provider,
+                namespace(resource_type),
+            )
+            .await
+            .ok()?;
+        manifest
+            .resource_types
+            .iter()
+            .find(|t| t.r#type == resource_type)?
+            .spec_schema
+            .clone()
     }
 
     async fn read(&self, target: &Target) -> Result<Observed, Failure> {
