@@ -6,11 +6,17 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value as Json, json};
 
+use indexmap::IndexMap;
+
 use super::diff::{self, FieldChange, RecreatePaths, Shown};
 use super::prepare::Prepared;
+use crate::blueprint::Scalar;
 use crate::check::PluginContext;
+use crate::eval::functions::Env;
+use crate::eval::value::Value;
 use crate::state::{InstanceState, ResourceStatus};
 use crate::validate::providers::Manifests;
+use crate::validate::refs::NodeRef;
 
 /// What happens to one resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +68,8 @@ pub struct Plan {
     pub resources: Vec<PlannedResource>,
     /// Link changes: removals run before the resources, the rest after them.
     pub links: Vec<super::links::PlannedLink>,
+    /// The child blueprints, in deploy order, then the ones no longer included.
+    pub children: Vec<ChildPlan>,
 }
 
 impl Plan {
@@ -91,12 +99,23 @@ impl Plan {
                 "; links: {new} to create, {changed} to update, {gone} to remove"
             ));
         }
+        if !self.children.is_empty() {
+            let children = |a: Action| self.children.iter().filter(|c| c.action == a).count();
+            s.push_str(&format!(
+                "; children: {} to create, {} to update, {} to delete, {} unchanged",
+                children(Action::Create),
+                children(Action::Update),
+                children(Action::Delete),
+                children(Action::NoChange),
+            ));
+        }
         s
     }
 
     pub fn is_empty(&self) -> bool {
         self.resources.iter().all(|r| r.action == Action::NoChange)
             && self.links.iter().all(|l| l.action == Action::NoChange)
+            && self.children.iter().all(|c| c.action == Action::NoChange)
     }
 
     pub fn to_json(&self) -> Json {
@@ -117,14 +136,33 @@ impl Plan {
         )
     }
 
-    /// The plan of a change set body: its resources (`plan`) and links (`links`).
+    /// The plan of a change set body: its resources (`plan`), links (`links`) and children
+    /// (`children`).
     pub fn from_body(body: &Json) -> Option<Plan> {
         let mut plan = Plan::from_json(body.get("plan")?)?;
         plan.links = body
             .get("links")
             .and_then(super::links::from_json)
             .unwrap_or_default();
+        plan.children = match body.get("children") {
+            Some(c) => c
+                .as_array()?
+                .iter()
+                .map(ChildPlan::from_json)
+                .collect::<Option<Vec<_>>>()?,
+            None => Vec::new(),
+        };
         Some(plan)
+    }
+
+    /// The children in the form kept in a change set body (`children`).
+    pub fn children_json(&self) -> Json {
+        Json::Array(self.children.iter().map(ChildPlan::to_json).collect())
+    }
+
+    /// The planned child named `name` (an include name).
+    pub fn child(&self, name: &str) -> Option<&ChildPlan> {
+        self.children.iter().find(|c| c.name == name)
     }
 
     pub fn from_json(v: &Json) -> Option<Plan> {
@@ -155,6 +193,7 @@ impl Plan {
         Some(Plan {
             resources,
             links: Vec::new(),
+            children: Vec::new(),
         })
     }
 }
@@ -357,6 +396,7 @@ pub fn plan(
     Plan {
         resources: out,
         links,
+        children: Vec::new(),
     }
 }
 
@@ -399,6 +439,449 @@ pub fn removal_order<'a>(
     }
     order.reverse();
     order
+}
+
+// ---- child blueprints --------------------------------------------------------------------------
+
+/// One export of a child: its recorded value and the one the plan expects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedExport {
+    pub name: String,
+    pub action: Action,
+    /// `None`: the export is new.
+    pub previous: Option<Shown>,
+    /// `None`: the export goes away.
+    pub new: Option<Shown>,
+}
+
+/// What executing a parent's change set does to one of its children (an include, deployed as
+/// the instance `<parent>/<name>`). Execution plans the child again against its state at that
+/// moment; `planned_version` lets it refuse when the child changed since.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChildPlan {
+    /// The include's name.
+    pub name: String,
+    /// The child's instance name.
+    pub instance: String,
+    /// `Create` (not deployed yet), `Update`, `NoChange` or `Delete` (no longer included).
+    pub action: Action,
+    /// The child instance's version the plan read (0: no instance yet).
+    pub planned_version: u64,
+    /// The child's own resources, links and children.
+    pub plan: Plan,
+    pub exports: Vec<PlannedExport>,
+    /// Variables known only after deploy (they read exports of other children that are not
+    /// known yet).
+    pub unknown_variables: Vec<String>,
+    /// Why the child's changes could not be worked out before deploy; empty when they were.
+    pub deferred: String,
+    /// Warnings found while planning the child (the engine API's flat form).
+    pub diagnostics: Vec<Json>,
+}
+
+impl ChildPlan {
+    /// The child's one-line summary.
+    pub fn summary(&self) -> String {
+        if self.deferred.is_empty() {
+            self.plan.summary()
+        } else {
+            format!("planned at deploy: {}", self.deferred)
+        }
+    }
+
+    /// The export values the plan knows (for `${children.name.field}` in the parent and the
+    /// children after it); the others are unknown.
+    pub fn known_exports(&self) -> IndexMap<String, Value> {
+        self.exports
+            .iter()
+            .filter(|e| e.action != Action::Delete)
+            .map(|e| {
+                let v = match &e.new {
+                    Some(Shown::Value(j)) => Value::from_json(j),
+                    _ => Value::Unknown,
+                };
+                (e.name.clone(), v)
+            })
+            .collect()
+    }
+
+    pub fn to_json(&self) -> Json {
+        json!({
+            "name": self.name,
+            "instance": self.instance,
+            "action": self.action.as_str(),
+            "plannedVersion": self.planned_version,
+            "plan": self.plan.to_json(),
+            "links": super::links::to_json(&self.plan.links),
+            "children": self.plan.children_json(),
+            "exports": self.exports.iter().map(|e| {
+                let mut o = serde_json::Map::new();
+                o.insert("name".into(), json!(e.name));
+                o.insert("action".into(), json!(e.action.as_str()));
+                if let Some(p) = &e.previous {
+                    o.insert("previous".into(), shown_json(p));
+                }
+                if let Some(n) = &e.new {
+                    o.insert("new".into(), shown_json(n));
+                }
+                Json::Object(o)
+            }).collect::<Vec<_>>(),
+            "unknownVariables": self.unknown_variables,
+            "deferred": self.deferred,
+            "diagnostics": self.diagnostics,
+        })
+    }
+
+    pub fn from_json(v: &Json) -> Option<ChildPlan> {
+        let strings = |k: &str| -> Option<Vec<String>> {
+            v.get(k)?
+                .as_array()?
+                .iter()
+                .map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        };
+        let plan = Plan::from_body(v)?;
+        let exports = v
+            .get("exports")?
+            .as_array()?
+            .iter()
+            .map(|e| {
+                Some(PlannedExport {
+                    name: e.get("name")?.as_str()?.to_owned(),
+                    action: Action::parse(e.get("action")?.as_str()?)?,
+                    previous: match e.get("previous") {
+                        Some(p) => Some(shown_from_json(p)?),
+                        None => None,
+                    },
+                    new: match e.get("new") {
+                        Some(n) => Some(shown_from_json(n)?),
+                        None => None,
+                    },
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(ChildPlan {
+            name: v.get("name")?.as_str()?.to_owned(),
+            instance: v.get("instance")?.as_str()?.to_owned(),
+            action: Action::parse(v.get("action")?.as_str()?)?,
+            planned_version: v.get("plannedVersion")?.as_u64()?,
+            plan,
+            exports,
+            unknown_variables: strings("unknownVariables")?,
+            deferred: v.get("deferred")?.as_str()?.to_owned(),
+            diagnostics: v.get("diagnostics")?.as_array()?.clone(),
+        })
+    }
+}
+
+/// Whether an instance holds a deployment: anything recorded, and not new or destroyed.
+/// A child that is not deployed is created by its parent's operation (and destroyed when that
+/// operation rolls back).
+pub fn deployed(state: &InstanceState) -> bool {
+    use crate::state::InstanceStatus;
+    !matches!(
+        state.instance.status,
+        InstanceStatus::New | InstanceStatus::Destroyed
+    ) && !(state.resources.is_empty() && state.exports.is_empty() && state.children.is_empty())
+}
+
+/// A child's action from whether its instance is deployed and what its plan changes.
+pub fn child_action(deployed: bool, plan: &Plan, exports: &[PlannedExport]) -> Action {
+    if !deployed {
+        Action::Create
+    } else if plan.is_empty() && exports.iter().all(|e| e.action == Action::NoChange) {
+        Action::NoChange
+    } else {
+        Action::Update
+    }
+}
+
+/// How a recorded export value may be shown.
+fn stored_shown(v: &Json) -> Shown {
+    let plain = super::state_values::unwrap(v);
+    if &plain == v {
+        Shown::Value(plain)
+    } else {
+        Shown::Sensitive
+    }
+}
+
+/// The plan of a child the blueprint no longer includes: everything it has goes (its own
+/// children, already planned the same way, are `nested`).
+pub fn deleted_child(name: &str, state: &InstanceState, nested: Vec<ChildPlan>) -> ChildPlan {
+    let recorded: Vec<&crate::state::Resource> = state.resources.iter().collect();
+    let resources = removal_order(&recorded)
+        .into_iter()
+        .map(|r| PlannedResource {
+            name: r.name.clone(),
+            resource_type: r.resource_type.clone(),
+            action: Action::Delete,
+            fields: Vec::new(),
+            reason: "the child is no longer included".to_owned(),
+            depends_on: r.depends_on.clone(),
+        })
+        .collect();
+    let links = state
+        .links
+        .iter()
+        .map(|l| super::links::PlannedLink {
+            a: l.resource_a.clone(),
+            b: l.resource_b.clone(),
+            link_type: l.link_type.clone(),
+            provider: String::new(),
+            action: Action::Delete,
+        })
+        .collect();
+    ChildPlan {
+        name: name.to_owned(),
+        instance: state.instance.name.clone(),
+        action: Action::Delete,
+        planned_version: state.instance.version,
+        plan: Plan {
+            resources,
+            links,
+            children: nested,
+        },
+        exports: state
+            .exports
+            .iter()
+            .map(|e| PlannedExport {
+                name: e.name.clone(),
+                action: Action::Delete,
+                previous: Some(stored_shown(&e.value)),
+                new: None,
+            })
+            .collect(),
+        unknown_variables: Vec::new(),
+        deferred: String::new(),
+        diagnostics: Vec::new(),
+    }
+}
+
+/// An include's inputs at plan time, evaluated in the parent's scope as planned so far (with
+/// the exports the plan knows of the children before it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IncludeAtPlan {
+    /// `None` when the path is known only after deploy.
+    pub path: Option<String>,
+    /// The variables whose values are known, as `--var` text.
+    pub variables: Vec<(String, String)>,
+    /// The variables whose values are known only after deploy.
+    pub unknown: Vec<String>,
+}
+
+/// [`Prepared::include_inputs`] for planning: a value known only after deploy is reported as
+/// such instead of failing.
+pub fn include_at_plan(
+    prepared: &Prepared,
+    i: usize,
+    plugins: &PluginContext<'_>,
+) -> Result<IncludeAtPlan, String> {
+    let inc = &prepared.blueprint.include[i];
+    let name = &inc.name.value;
+    let link = |a: &str, b: &str| link_of(prepared, a, b);
+    let env = Env {
+        cwd: &prepared.cwd,
+        now_unix_nanos: prepared.now_unix_nanos,
+        link: &link,
+    };
+    let scope = prepared.evaluation.scope_with(&env, None, Some(plugins));
+    let path = match &inc.path {
+        Some(t) => match scope.template(t) {
+            Ok(Value::Str(s)) => Some(s),
+            Ok(other) if other.deep_contains_unknown() => None,
+            Ok(other) => {
+                return Err(format!(
+                    "include `{name}`: its path must be a string, not {}",
+                    other.type_name()
+                ));
+            }
+            Err(e) => return Err(format!("include `{name}`: {}", e.message)),
+        },
+        None => return Err(format!("include `{name}` has no path")),
+    };
+    let mut out = IncludeAtPlan {
+        path,
+        ..IncludeAtPlan::default()
+    };
+    for (key, node) in &inc.variables {
+        let mut failed = None;
+        let v = crate::eval::blueprint::node(node, &scope, &mut |e| {
+            failed.get_or_insert(e.message);
+        });
+        if let Some(m) = failed {
+            return Err(format!("include `{name}`, variable `{}`: {m}", key.name));
+        }
+        if v.deep_contains_unknown() {
+            out.unknown.push(key.name.clone());
+            continue;
+        }
+        let text = match &v {
+            Value::Str(s) => s.clone(),
+            other => super::state_values::eval_to_json(other).to_string(),
+        };
+        out.variables.push((key.name.clone(), text));
+    }
+    Ok(out)
+}
+
+/// The recorded data of the link between `a` and `b` (either way round), unknown until then.
+fn link_of(prepared: &Prepared, a: &str, b: &str) -> Value {
+    let data = &prepared.link_data;
+    data.get(&(a.to_owned(), b.to_owned()))
+        .or_else(|| data.get(&(b.to_owned(), a.to_owned())))
+        .cloned()
+        .unwrap_or(Value::Unknown)
+}
+
+/// Stand-in `--var` inputs for the variables of a child known only after deploy, so its
+/// document validates and evaluates; [`forget_variables`] then makes them unknown. A variable
+/// with a default needs none; otherwise the first allowed value, or the type's zero.
+pub fn placeholder_variables(
+    file: &str,
+    content: &[u8],
+    max_input_size: usize,
+    unknown: &[String],
+) -> Vec<(String, String)> {
+    let mut sources = crate::source::SourceMap::new();
+    let mut diags = crate::diag::Diagnostics::default();
+    let Some(id) = crate::document::load_bytes(
+        &mut sources,
+        file,
+        content.to_vec(),
+        max_input_size,
+        &mut diags,
+    ) else {
+        return Vec::new();
+    };
+    let format = crate::document::Format::from_path(file);
+    let Some(root) = crate::document::parse(&sources, id, format, &mut diags) else {
+        return Vec::new();
+    };
+    let bp = crate::blueprint::load(&root, sources.get(id), id, &mut diags);
+    let text = |s: &Scalar| match s {
+        Scalar::Str(s) => s.clone(),
+        Scalar::Int(i) => i.to_string(),
+        Scalar::Float(f) => f.to_string(),
+        Scalar::Bool(b) => b.to_string(),
+    };
+    bp.variables
+        .iter()
+        .filter(|v| unknown.contains(&v.name.value) && v.default.is_none())
+        .map(|v| {
+            let stand_in = match v.allowed_values.as_ref().and_then(|a| a.value.first()) {
+                Some(first) => text(&first.value),
+                None => match v.ty.as_ref().map_or("string", |t| t.value.as_str()) {
+                    "integer" | "float" => "0".to_owned(),
+                    "boolean" => "false".to_owned(),
+                    _ => String::new(),
+                },
+            };
+            (v.name.value.clone(), stand_in)
+        })
+        .collect()
+}
+
+/// Makes `names` unknown in an evaluation made with stand-in values for them: the values that
+/// read them are evaluated again (unknown now), and so is every resource.
+pub fn forget_variables(prepared: &mut Prepared, names: &[String], plugins: &PluginContext<'_>) {
+    if names.is_empty() {
+        return;
+    }
+    for n in names {
+        prepared
+            .evaluation
+            .variables
+            .insert(n.clone(), Value::Unknown);
+    }
+    let data = prepared.link_data.clone();
+    let link = |a: &str, b: &str| {
+        data.get(&(a.to_owned(), b.to_owned()))
+            .or_else(|| data.get(&(b.to_owned(), a.to_owned())))
+            .cloned()
+            .unwrap_or(Value::Unknown)
+    };
+    let cwd = prepared.cwd.clone();
+    let env = Env {
+        cwd: &cwd,
+        now_unix_nanos: prepared.now_unix_nanos,
+        link: &link,
+    };
+    for node in prepared.graph.dependency_order() {
+        let NodeRef::Value(i) = node else { continue };
+        let def = &prepared.blueprint.values[i];
+        let Some(t) = &def.value else { continue };
+        let fresh = {
+            let scope = prepared.evaluation.scope_with(&env, None, Some(plugins));
+            scope.guard(scope.whole(t))
+        };
+        // A value that no longer comes out known read a forgotten variable.
+        if let Ok(v) = fresh
+            && v.deep_contains_unknown()
+        {
+            prepared.evaluation.values.insert(def.name.value.clone(), v);
+        }
+    }
+    for idx in prepared.order.clone() {
+        let found = prepared.reevaluate(idx, plugins);
+        prepared.diags.extend(found);
+    }
+}
+
+/// A planned child's exports: what its instance records against what the plan expects, and
+/// the values known now. Resources the plan leaves alone keep their recorded state, so what
+/// their state gives is known; what reads a resource that changes is known after deploy.
+pub fn planned_exports(
+    prepared: &mut Prepared,
+    plan: &Plan,
+    current: &InstanceState,
+    plugins: &PluginContext<'_>,
+) -> Vec<PlannedExport> {
+    for r in plan
+        .resources
+        .iter()
+        .filter(|r| r.action == Action::NoChange)
+    {
+        if let (Some(idx), Some(rec)) = (prepared.find(&r.name), current.resource(&r.name))
+            && let Some(state) = &rec.state
+        {
+            let slot = prepared.evaluation.resources[idx].instance;
+            prepared.evaluation.instances[slot].state = Some(super::state_values::to_eval(state));
+        }
+    }
+    let mut out = Vec::new();
+    for (name, _ty, result) in prepared.exports(plugins) {
+        // Not known yet, or not of its type (the deploy reports that).
+        let new = match result {
+            Ok(v) => Shown::Value(super::state_values::eval_to_json(&v)),
+            Err(_) => Shown::Unknown,
+        };
+        let recorded = current.export(&name);
+        let action = match (recorded, &new) {
+            (None, _) => Action::Create,
+            (Some(e), Shown::Value(v)) if &super::state_values::unwrap(&e.value) == v => {
+                Action::NoChange
+            }
+            _ => Action::Update,
+        };
+        out.push(PlannedExport {
+            name,
+            action,
+            previous: recorded.map(|e| stored_shown(&e.value)),
+            new: Some(new),
+        });
+    }
+    for old in &current.exports {
+        if !out.iter().any(|e| e.name == old.name) {
+            out.push(PlannedExport {
+                name: old.name.clone(),
+                action: Action::Delete,
+                previous: Some(stored_shown(&old.value)),
+                new: None,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -464,6 +947,7 @@ mod tests {
                 depends_on: vec!["b".into()],
             }],
             links: vec![],
+            children: vec![],
         };
         assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
         assert_eq!(

@@ -215,7 +215,7 @@ impl Prepared {
             .map(|l| {
                 (
                     (l.resource_a.clone(), l.resource_b.clone()),
-                    super::state_values::to_eval(&l.data),
+                    super::state_values::to_eval(&super::links::link_data(&l.data)),
                 )
             })
             .collect();
