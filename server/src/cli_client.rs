@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Map, Value as Json, json};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
 use trellis_proto::engine::v1 as pb;
 use trellis_proto::engine::v1::engine_client::EngineClient;
 use trellis_proto::plugin::v1 as pv;
@@ -138,9 +138,14 @@ pub enum ClientCommand {
 /// Where the engine is and how to print; shared by every client command.
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// The engine's address: `http://host:port`, `host:port` or `unix:/path/to/socket`.
+    /// The engine's address: `http://host:port`, `https://host:port`, `host:port` or
+    /// `unix:/path/to/socket`.
     #[arg(long, value_name = "ADDR", env = "TRELLIS_ENGINE", default_value = DEFAULT_ENGINE)]
     pub engine: String,
+    /// A PEM file of CA certificates to trust for an `https://` engine, besides the system's
+    /// (for a self-signed certificate or a private CA).
+    #[arg(long, value_name = "FILE", env = "TRELLIS_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
     /// Output format: human text, or one JSON document on stdout (shapes in docs/cli.md).
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub format: OutputFormat,
@@ -366,8 +371,9 @@ async fn dispatch(command: ClientCommand) -> Result<u8, Failure> {
         }) => Some(blueprint_source(file)?),
         _ => None,
     };
+    let ca_cert = command.engine_args().ca_cert.clone();
     let mut client = Client {
-        api: connect(&engine).await?,
+        api: connect_with(&engine, ca_cert.as_deref()).await?,
         engine,
     };
     match command {
@@ -390,12 +396,14 @@ async fn dispatch(command: ClientCommand) -> Result<u8, Failure> {
 pub enum EngineAddr {
     /// An `http://` URI.
     Http(String),
+    /// An `https://` URI: TLS, trusting the system's roots and `--ca-cert`.
+    Https(String),
     /// A Unix socket path.
     Unix(PathBuf),
 }
 
-/// Parses `http://host:port`, `host:port` (plain HTTP/2) or `unix:/path`. `https://` is
-/// refused: this build has no TLS (tonic's `tls` features are off).
+/// Parses `http://host:port`, `host:port` (plain HTTP/2), `https://host:port` (TLS) or
+/// `unix:/path`.
 pub fn parse_engine_addr(addr: &str) -> Result<EngineAddr, String> {
     let addr = addr.trim();
     if let Some(path) = addr.strip_prefix("unix:") {
@@ -406,24 +414,24 @@ pub fn parse_engine_addr(addr: &str) -> Result<EngineAddr, String> {
         }
         return Ok(EngineAddr::Unix(PathBuf::from(path)));
     }
-    if addr.starts_with("https://") {
-        return Err(format!(
-            "`{addr}`: TLS is not built into this trellis; reach the engine over http:// or \
-             unix:, or through a TLS-terminating proxy"
-        ));
-    }
-    let uri = match addr.split_once("://") {
-        Some(("http", _)) => addr.to_owned(),
+    let (uri, tls) = match addr.split_once("://") {
+        Some(("http", _)) => (addr.to_owned(), false),
+        Some(("https", _)) => (addr.to_owned(), true),
         Some((scheme, _)) => {
             return Err(format!(
-                "`{addr}`: unsupported scheme `{scheme}` (use http://host:port, host:port or unix:/path)"
+                "`{addr}`: unsupported scheme `{scheme}` (use http://host:port, \
+                 https://host:port, host:port or unix:/path)"
             ));
         }
         None if addr.is_empty() => return Err("the engine address is empty".to_owned()),
-        None => format!("http://{addr}"),
+        None => (format!("http://{addr}"), false),
     };
     match uri.parse::<Uri>() {
-        Ok(u) if u.host().is_some_and(|h| !h.is_empty()) => Ok(EngineAddr::Http(uri)),
+        Ok(u) if u.host().is_some_and(|h| !h.is_empty()) => Ok(if tls {
+            EngineAddr::Https(uri)
+        } else {
+            EngineAddr::Http(uri)
+        }),
         Ok(_) => Err(format!("`{addr}`: the host is missing")),
         Err(e) => Err(format!("`{addr}` is not a valid address: {e}")),
     }
@@ -432,10 +440,35 @@ pub fn parse_engine_addr(addr: &str) -> Result<EngineAddr, String> {
 /// Connects to the engine at `addr` (any form [`parse_engine_addr`] accepts). The connection
 /// is made now, so an engine that is not there is reported here with the documented message.
 pub async fn connect(addr: &str) -> Result<EngineClient<Channel>, Failure> {
+    connect_with(addr, None).await
+}
+
+/// [`connect`], also trusting the CA certificates in `ca_cert` (PEM) for an `https://`
+/// engine. `ca_cert` is not used for the other kinds of address.
+pub async fn connect_with(
+    addr: &str,
+    ca_cert: Option<&std::path::Path>,
+) -> Result<EngineClient<Channel>, Failure> {
     let target = parse_engine_addr(addr).map_err(|m| Failure::usage(format!("--engine {m}")))?;
     let connected = match target {
         EngineAddr::Http(uri) => {
             let endpoint = Endpoint::from_shared(uri)
+                .map_err(|e| Failure::usage(format!("--engine `{addr}`: {e}")))?;
+            endpoint.connect_timeout(CONNECT_TIMEOUT).connect().await
+        }
+        EngineAddr::Https(uri) => {
+            let extra = match ca_cert {
+                Some(path) => crate::engine::remote::read_certificates(path)
+                    .map_err(|e| Failure::usage(format!("--ca-cert {e}")))?,
+                None => Vec::new(),
+            };
+            let roots = crate::engine::remote::trust_roots(&extra)
+                .map_err(|e| Failure::usage(format!("--engine `{addr}`: {e}; pass --ca-cert")))?;
+            let tls = ClientTlsConfig::new()
+                .trust_anchors(roots.roots)
+                .timeout(CONNECT_TIMEOUT);
+            let endpoint = Endpoint::from_shared(uri)
+                .and_then(|e| e.tls_config(tls))
                 .map_err(|e| Failure::usage(format!("--engine `{addr}`: {e}")))?;
             endpoint.connect_timeout(CONNECT_TIMEOUT).connect().await
         }
@@ -457,6 +490,17 @@ pub async fn connect(addr: &str) -> Result<EngineClient<Channel>, Failure> {
         let detail = error_chain(&e);
         // "transport error" says nothing the caller does not know; its cause does.
         let detail = detail.strip_prefix("transport error: ").unwrap_or(&detail);
+        if detail.contains("certificate") {
+            // The engine is there; its certificate is not trusted (or not for this name).
+            return Failure::new(
+                2,
+                "UNREACHABLE",
+                format!(
+                    "cannot reach the engine at {addr}: {detail} (for a self-signed or private \
+                     CA certificate, pass --ca-cert FILE or set TRELLIS_CA_CERT)"
+                ),
+            );
+        }
         Failure::unreachable(addr, detail)
     })?;
     Ok(EngineClient::new(channel)
@@ -667,12 +711,10 @@ async fn deploy(
             ));
         }
     };
-    // The change set sizes the progress line and names resource types; without it the line
-    // just counts.
-    let cs = match planned {
-        Some(cs) => Some(cs),
-        None => get_change_set(client, &operation.change_set_id).await,
-    };
+    // With `--change-set` the change set is not fetched: for a large plan that costs the
+    // engine more than the first resources, and the engine's `operation.started` event says
+    // how many resources change (events name their types).
+    let cs = planned;
     let total = cs.as_ref().map(changed_resources);
     let watch = Watched {
         total,
@@ -1499,10 +1541,8 @@ fn severity_word(d: &pb::Diagnostic) -> &'static str {
     }
 }
 
-/// The `changeSet` object of `trellis plan/deploy --format json`.
-pub fn change_set_json(cs: &pb::ChangeSet) -> Json {
-    let resources: Vec<Json> = cs
-        .resources
+fn resources_json(resources: &[pb::ResourceChange]) -> Vec<Json> {
+    resources
         .iter()
         .map(|r| {
             json!({
@@ -1514,9 +1554,25 @@ pub fn change_set_json(cs: &pb::ChangeSet) -> Json {
                 "dependsOn": r.depends_on,
             })
         })
-        .collect();
-    let exports: Vec<Json> = cs
-        .exports
+        .collect()
+}
+
+fn links_json(links: &[pb::LinkChange]) -> Vec<Json> {
+    links
+        .iter()
+        .map(|l| {
+            json!({
+                "resourceA": l.resource_a,
+                "resourceB": l.resource_b,
+                "linkType": l.link_type,
+                "action": action_name(l.action()),
+            })
+        })
+        .collect()
+}
+
+fn exports_json(exports: &[pb::ExportChange]) -> Vec<Json> {
+    exports
         .iter()
         .map(|e| {
             let mut o = Map::new();
@@ -1530,7 +1586,29 @@ pub fn change_set_json(cs: &pb::ChangeSet) -> Json {
             }
             Json::Object(o)
         })
-        .collect();
+        .collect()
+}
+
+/// One entry of `children` in the `changeSet` object (nested for the child's own children).
+fn child_json(c: &pb::ChildChange) -> Json {
+    json!({
+        "name": c.name,
+        "instance": c.instance,
+        "action": action_name(c.action()),
+        "plannedVersion": c.planned_version,
+        "summary": c.summary,
+        "resources": resources_json(&c.resources),
+        "links": links_json(&c.links),
+        "exports": exports_json(&c.exports),
+        "children": c.children.iter().map(child_json).collect::<Vec<_>>(),
+        "unknownVariables": c.unknown_variables,
+        "deferred": opt_str(&c.deferred),
+        "diagnostics": c.diagnostics.iter().map(diagnostic_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The `changeSet` object of `trellis plan/deploy --format json`.
+pub fn change_set_json(cs: &pb::ChangeSet) -> Json {
     json!({
         "id": cs.id,
         "instance": cs.instance,
@@ -1538,15 +1616,11 @@ pub fn change_set_json(cs: &pb::ChangeSet) -> Json {
         "plannedVersion": cs.planned_version,
         "digest": cs.digest,
         "summary": cs.summary,
-        "resources": resources,
-        "links": cs.links.iter().map(|l| json!({
-            "resourceA": l.resource_a,
-            "resourceB": l.resource_b,
-            "linkType": l.link_type,
-            "action": action_name(l.action()),
-        })).collect::<Vec<_>>(),
-        "exports": exports,
+        "resources": resources_json(&cs.resources),
+        "links": links_json(&cs.links),
+        "exports": exports_json(&cs.exports),
         "diagnostics": cs.diagnostics.iter().map(diagnostic_json).collect::<Vec<_>>(),
+        "children": cs.children.iter().map(child_json).collect::<Vec<_>>(),
     })
 }
 
@@ -1713,16 +1787,17 @@ fn diagnostic_text(d: &pb::Diagnostic) -> String {
     text
 }
 
-/// The human change set: one block per resource that changes, exports, diagnostics, the
-/// summary and (with `hint`) the command that deploys it.
-pub fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
+/// Resource blocks (those that change), then link and export changes, as `trellis plan`
+/// shows them; returns the resource counts (create, update, recreate, delete, unchanged).
+fn changes_text(
+    resources: &[pb::ResourceChange],
+    links: &[pb::LinkChange],
+    exports: &[pb::ExportChange],
+    out: &mut String,
+) -> [usize; 5] {
     use pb::ChangeAction as A;
-    let mut out = format!(
-        "Change set {} for instance {} (planned against version {})\n",
-        cs.id, cs.instance, cs.planned_version
-    );
     let mut counts = [0usize; 5]; // create, update, recreate, delete, unchanged
-    for r in &cs.resources {
+    for r in resources {
         let action = r.action();
         let slot = match action {
             A::Create => 0,
@@ -1750,8 +1825,7 @@ pub fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
             out.push_str(&format!("      {line}\n"));
         }
     }
-    let links: Vec<_> = cs
-        .links
+    let links: Vec<_> = links
         .iter()
         .filter(|l| !matches!(l.action(), A::NoChange | A::Unspecified))
         .collect();
@@ -1767,8 +1841,7 @@ pub fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
             ));
         }
     }
-    let exports: Vec<_> = cs
-        .exports
+    let exports: Vec<_> = exports
         .iter()
         .filter(|e| !matches!(e.action(), A::NoChange | A::Unspecified))
         .collect();
@@ -1788,6 +1861,87 @@ pub fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
             ));
         }
     }
+    counts
+}
+
+/// Children that change, each with its own changes indented under it; unchanged children are
+/// only counted. Returns the counts (create, update, delete, unchanged).
+fn children_text(children: &[pb::ChildChange], out: &mut String) -> [usize; 4] {
+    use pb::ChangeAction as A;
+    let mut counts = [0usize; 4];
+    for c in children {
+        let action = c.action();
+        let slot = match action {
+            A::Create => 0,
+            A::Update | A::Recreate => 1,
+            A::Delete => 2,
+            A::NoChange | A::Unspecified => 3,
+        };
+        counts[slot] += 1;
+        if slot == 3 {
+            continue;
+        }
+        out.push_str(&format!(
+            "\n{:>3} {}  (instance {})",
+            action_sign(action),
+            c.name,
+            c.instance
+        ));
+        if !c.deferred.is_empty() {
+            out.push_str(&format!("  changes known at deploy: {}", c.deferred));
+        } else if !c.unknown_variables.is_empty() {
+            out.push_str(&format!(
+                "  known after deploy: {}",
+                c.unknown_variables
+                    .iter()
+                    .map(|v| format!("variables.{v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        out.push('\n');
+        let mut body = String::new();
+        changes_text(&c.resources, &c.links, &c.exports, &mut body);
+        if c.children.iter().any(|n| n.action() != A::NoChange) {
+            body.push_str("\nChildren:\n");
+            children_text(&c.children, &mut body);
+        }
+        for d in &c.diagnostics {
+            body.push('\n');
+            body.push_str(&diagnostic_text(d));
+        }
+        if c.deferred.is_empty() && !c.summary.is_empty() {
+            body.push_str(&format!("\n{}\n", c.summary));
+        }
+        for line in body.split_inclusive('\n') {
+            if line != "\n" {
+                out.push_str("    ");
+            }
+            out.push_str(line);
+        }
+    }
+    counts
+}
+
+/// The human change set: one block per resource that changes, exports, children, diagnostics,
+/// the summary and (with `hint`) the command that deploys it.
+pub fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
+    let mut out = format!(
+        "Change set {} for instance {} (planned against version {})\n",
+        cs.id, cs.instance, cs.planned_version
+    );
+    let counts = changes_text(&cs.resources, &cs.links, &cs.exports, &mut out);
+    let mut children = [0usize; 4];
+    if cs
+        .children
+        .iter()
+        .any(|c| c.action() != pb::ChangeAction::NoChange)
+    {
+        out.push_str("\nChildren:\n");
+    }
+    if !cs.children.is_empty() {
+        children = children_text(&cs.children, &mut out);
+    }
     if !cs.diagnostics.is_empty() {
         out.push('\n');
         for d in &cs.diagnostics {
@@ -1795,15 +1949,31 @@ pub fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
         }
     }
     let [create, update, recreate, delete, unchanged] = counts;
-    if create + update + recreate + delete == 0 {
+    let [c_create, c_update, c_delete, c_unchanged] = children;
+    let child_summary = if cs.children.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; children: {c_create} to create, {c_update} to update, {c_delete} to delete, \
+             {c_unchanged} unchanged"
+        )
+    };
+    if create + update + recreate + delete + c_create + c_update + c_delete == 0 {
         out.push_str(&format!(
-            "\nNo changes: {unchanged} resource{} unchanged.\n",
+            "\nNo changes: {unchanged} resource{} unchanged",
             plural(unchanged)
         ));
+        if !cs.children.is_empty() {
+            out.push_str(&format!(
+                ", {c_unchanged} child{} unchanged",
+                if c_unchanged == 1 { "" } else { "ren" }
+            ));
+        }
+        out.push_str(".\n");
     } else {
         out.push_str(&format!(
             "\nPlan: {create} to create, {update} to update, {recreate} to recreate, {delete} to \
-             delete, {unchanged} unchanged.\n"
+             delete, {unchanged} unchanged{child_summary}.\n"
         ));
     }
     if hint && plan_exit_code(cs) == 0 {
@@ -2149,6 +2319,23 @@ pub fn status_failure(status: &tonic::Status, engine: &str) -> Failure {
             msg.to_owned()
         }
     };
+    // tonic reports a connection that broke before any answer (say, plain HTTP/2 to an engine
+    // serving TLS) as UNKNOWN with the transport error as its source: that is unreachable too.
+    if code == Code::Unknown
+        && let Some(source) = std::error::Error::source(status)
+    {
+        let detail = error_chain(source);
+        let hint = if engine.starts_with("https://") {
+            ""
+        } else {
+            " (if the engine serves TLS, use an https:// address)"
+        };
+        return Failure::new(
+            2,
+            "UNREACHABLE",
+            format!("cannot reach the engine at {engine}: {msg}: {detail}{hint}"),
+        );
+    }
     let (exit, message) = match code {
         Code::Unavailable => return Failure::unreachable(engine, &with_default("unavailable")),
         Code::NotFound => (2, with_default("not found")),
@@ -2351,6 +2538,7 @@ mod tests {
                 link_type: "local/envFile::local/file".into(),
                 action: A::Create as i32,
             }],
+            children: vec![],
         }
     }
 
@@ -2371,11 +2559,11 @@ mod tests {
             parse_engine_addr("unix:///run/trellis.sock"),
             Ok(EngineAddr::Unix("/run/trellis.sock".into()))
         );
-        assert!(
-            parse_engine_addr("https://engine:8325")
-                .unwrap_err()
-                .contains("TLS")
+        assert_eq!(
+            parse_engine_addr("https://engine:8325"),
+            Ok(EngineAddr::Https("https://engine:8325".into()))
         );
+        assert!(parse_engine_addr("https://").is_err());
         assert!(
             parse_engine_addr("grpc://engine:1")
                 .unwrap_err()

@@ -11,11 +11,13 @@
 
 pub mod children;
 pub mod diff;
+pub mod drift;
 pub mod exec;
 pub mod links;
 pub mod plan;
 pub mod prepare;
 pub mod provision;
+pub mod remote;
 pub mod state_values;
 
 use std::collections::HashMap;
@@ -40,6 +42,15 @@ use plan::Plan;
 use prepare::{Inputs, Prepared};
 use provision::{Observed, Provisioner};
 
+/// The plan this engine made last, kept for its execution: rebuilding a large plan from the
+/// recorded change set costs more than the deployment's first layer.
+struct LastPlanned {
+    change_set_id: String,
+    inputs: Inputs,
+    plan: Plan,
+    prepared: Prepared,
+}
+
 /// Settings of an engine (from `trellis serve`'s configuration).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -51,6 +62,8 @@ pub struct EngineConfig {
     pub max_input_size: usize,
     /// Roots under which requests may name blueprint files on the engine host.
     pub allowed_roots: Vec<PathBuf>,
+    /// Where `https://` includes may be fetched from (allow-listed hosts, size limit, trust).
+    pub remote_includes: remote::RemoteIncludes,
     /// The working directory `cwd()` returns in blueprints.
     pub cwd: PathBuf,
 }
@@ -144,7 +157,7 @@ pub struct Engine {
     /// The evaluated blueprint of the change set this engine planned last, so executing it
     /// right after (what `trellis deploy FILE` does) skips reading and evaluating the inputs
     /// again. One entry: a large blueprint's evaluation is big.
-    last_planned: Mutex<Option<(String, Prepared)>>,
+    last_planned: Mutex<Option<LastPlanned>>,
     draining: AtomicBool,
     rt: Handle,
 }
@@ -325,17 +338,19 @@ impl Engine {
         source: Source,
         variables: Vec<(String, String)>,
     ) -> Result<ChangeSetView> {
-        self.create_change_set_in(instance, source, variables, Vec::new())
+        self.create_change_set_in(instance, source, variables, Vec::new(), None)
             .await
     }
 
-    /// [`Engine::create_change_set`] for a child blueprint included by `include_chain`.
+    /// [`Engine::create_change_set`] for a child blueprint included by `include_chain`, on its
+    /// parent's clock (`now`).
     async fn create_change_set_in(
         self: &Arc<Self>,
         instance: &str,
         source: Source,
         variables: Vec<(String, String)>,
         include_chain: Vec<String>,
+        now: Option<i128>,
     ) -> Result<ChangeSetView> {
         if instance.is_empty() {
             return Err(EngineError::InvalidArgument(
@@ -343,10 +358,10 @@ impl Engine {
             ));
         }
         let files = self.read_source(source)?;
-        let inputs = Inputs {
+        let mut inputs = Inputs {
             files,
             variables,
-            now_unix_nanos: now_nanos(),
+            now_unix_nanos: now.unwrap_or_else(now_nanos),
             include_chain,
         };
         let inst = match self.store.find_instance(instance).await? {
@@ -366,43 +381,71 @@ impl Engine {
         let max = self.config.max_input_size;
         let cwd = self.config.cwd.display().to_string();
         let planned_inputs = inputs.clone();
-        let (plan, diagnostics, errors, datasources, prepared) = self
-            .with_plugins(move |_, plugins| {
+        let name = inst.name.clone();
+        let planned = self
+            .with_plugins(move |engine, plugins| {
+                let failed = |error: String| Planned {
+                    error: Some(error),
+                    ..Planned::default()
+                };
                 let mut prepared = prepare::prepare(&planned_inputs, max, plugins, &cwd);
                 if prepared.diags.has_errors() {
-                    return (
-                        Plan::default(),
-                        Vec::new(),
-                        Some(prepared.errors_text()),
-                        Json::Null,
-                        None,
-                    );
+                    return failed(format!(
+                        "the blueprint has errors:\n{}",
+                        prepared.errors_text()
+                    ));
                 }
                 prepared.read_links(&current);
-                let plan = plan::plan(&mut prepared, &current, &plugins.manifests, plugins);
+                // The children are planned first, each against its own instance: the exports
+                // they will have, where known, feed the parent's resources and the children
+                // after them.
+                let children = match engine.plan_children(
+                    &name,
+                    &mut prepared,
+                    &planned_inputs,
+                    &current,
+                    plugins,
+                ) {
+                    Ok(c) => c,
+                    Err(e) => return failed(e),
+                };
+                let mut plan = plan::plan(&mut prepared, &current, &plugins.manifests, plugins);
                 if prepared.diags.has_errors() {
-                    return (
-                        plan,
-                        Vec::new(),
-                        Some(prepared.errors_text()),
-                        Json::Null,
-                        None,
-                    );
+                    return failed(format!(
+                        "the blueprint has errors:\n{}",
+                        prepared.errors_text()
+                    ));
                 }
-                let fetched = prepared.datasources_json();
-                let diagnostics = prepared.diagnostics_json();
-                (plan, diagnostics, None, fetched, Some(prepared))
+                plan.children = children.children;
+                Planned {
+                    datasources: prepared.datasources_json(),
+                    diagnostics: prepared.diagnostics_json(),
+                    plan,
+                    error: None,
+                    prepared: Some(prepared),
+                    files: children.files,
+                }
             })
             .await?;
-        if let Some(errors) = errors {
-            return Err(EngineError::InvalidArgument(format!(
-                "the blueprint has errors:\n{errors}"
-            )));
+        if let Some(errors) = planned.error {
+            return Err(EngineError::InvalidArgument(errors));
         }
+        let Planned {
+            plan,
+            diagnostics,
+            datasources,
+            prepared,
+            files,
+            ..
+        } = planned;
+        // Included documents read from this host are part of what was planned: the digest
+        // covers them and execution reads them from the change set.
+        inputs.files.extend(files);
         let body = json!({
             "inputs": inputs.to_json(),
             "plan": plan.to_json(),
             "links": links::to_json(&plan.links),
+            "children": plan.children_json(),
             // What the plan's data sources returned: execution uses exactly these.
             "datasources": datasources,
             "summary": plan.summary(),
@@ -417,8 +460,13 @@ impl Engine {
                 body,
             })
             .await?;
-        if let Some(p) = prepared {
-            *self.last_planned.lock().unwrap_or_else(|e| e.into_inner()) = Some((cs.id.clone(), p));
+        if let Some(prepared) = prepared {
+            *self.last_planned.lock().unwrap_or_else(|e| e.into_inner()) = Some(LastPlanned {
+                change_set_id: cs.id.clone(),
+                inputs,
+                plan: plan.clone(),
+                prepared,
+            });
         }
         Ok(ChangeSetView {
             change_set: cs,
@@ -426,6 +474,245 @@ impl Engine {
             plan,
             diagnostics,
         })
+    }
+
+    /// Plans every include of `prepared` against its own instance (`<parent>/<name>`), in
+    /// dependency order, and the children `current` has that the blueprint no longer includes
+    /// (deleted). Records the exports the plan knows of each child in `prepared` and evaluates
+    /// the parent's resources again with them.
+    fn plan_children(
+        &self,
+        parent: &str,
+        prepared: &mut Prepared,
+        inputs: &Inputs,
+        current: &InstanceState,
+        plugins: &PluginContext<'_>,
+    ) -> std::result::Result<PlannedChildren, String> {
+        let mut out = PlannedChildren::default();
+        if prepared.blueprint.include.is_empty() && current.children.is_empty() {
+            return Ok(out);
+        }
+        let parent_file = inputs
+            .files
+            .first()
+            .map(|f| f.0.clone())
+            .unwrap_or_default();
+        let mut chain = inputs.include_chain.clone();
+        chain.push(children::normalize(&parent_file));
+        // The request's documents and those read while planning, for the children's includes.
+        let mut files = inputs.files.clone();
+        for i in prepared.include_order() {
+            let name = prepared.blueprint.include[i].name.value.clone();
+            let instance = format!("{parent}/{name}");
+            let state = self.child_state(&instance)?;
+            let at = plan::include_at_plan(prepared, i, plugins)?;
+            let Some(path) = at.path else {
+                out.children.push(deferred_child(
+                    &name,
+                    &state,
+                    at.unknown,
+                    "its path is known only after deploy".into(),
+                ));
+                continue;
+            };
+            if chain.len() > children::MAX_DEPTH {
+                return Err(format!(
+                    "include `{name}`: includes nest deeper than {} levels ({})",
+                    children::MAX_DEPTH,
+                    chain.join(" -> ")
+                ));
+            }
+            let (file, content) = children::resolve(
+                &parent_file,
+                &path,
+                &files,
+                &self.config.allowed_roots,
+                // On a blocking thread: wait for the fetch on the runtime.
+                &|url| self.rt.block_on(self.config.remote_includes.fetch(url)),
+            )
+            .map_err(|e| format!("include `{name}`: {e}"))?;
+            // Read from this host or fetched: kept under the name execution looks it up by,
+            // so execution deploys the very document planned.
+            let file = if files.iter().any(|(n, _)| *n == file) {
+                file
+            } else if remote::is_remote(&file) {
+                files.push((file.clone(), content.clone()));
+                out.files.push((file.clone(), content.clone()));
+                file
+            } else {
+                let key = include_key(&parent_file, &path);
+                files.push((key.clone(), content.clone()));
+                out.files.push((key.clone(), content.clone()));
+                key
+            };
+            let key = children::normalize(&file);
+            if chain.contains(&key) {
+                return Err(format!(
+                    "include `{name}`: an include cycle: {} -> {key}",
+                    chain.join(" -> ")
+                ));
+            }
+            let child = ChildInputs {
+                name: &name,
+                instance: &instance,
+                file,
+                content,
+                variables: at.variables,
+                unknown: at.unknown,
+                chain: chain.clone(),
+                now: inputs.now_unix_nanos,
+            };
+            let found = out.files.len();
+            let planned = self.plan_child(child, &files, &state, plugins, &mut out.files)?;
+            files.extend(out.files[found..].iter().cloned());
+            if planned.deferred.is_empty() {
+                prepared.set_child_exports(&name, planned.known_exports());
+            }
+            out.children.push(planned);
+        }
+        for c in &current.children {
+            if prepared
+                .blueprint
+                .include
+                .iter()
+                .any(|i| i.name.value == c.name)
+            {
+                continue;
+            }
+            let state = self
+                .rt
+                .block_on(self.store.load_state(&c.child_instance_id))
+                .map_err(|e| format!("child `{}`: {e}", c.name))?;
+            out.children.push(self.plan_deleted_child(&c.name, &state)?);
+        }
+        if !prepared.blueprint.include.is_empty() {
+            // The parent's resources read the children's exports known now.
+            for idx in prepared.order.clone() {
+                let found = prepared.reevaluate(idx, plugins);
+                prepared.diags.extend(found);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Plans one child against its instance's state; its own children first.
+    fn plan_child(
+        &self,
+        child: ChildInputs<'_>,
+        files: &[(String, Vec<u8>)],
+        state: &InstanceState,
+        plugins: &PluginContext<'_>,
+        read: &mut Vec<(String, Vec<u8>)>,
+    ) -> std::result::Result<plan::ChildPlan, String> {
+        let ChildInputs {
+            name,
+            instance,
+            file,
+            content,
+            mut variables,
+            unknown,
+            chain,
+            now,
+        } = child;
+        let max = self.config.max_input_size;
+        variables.extend(plan::placeholder_variables(&file, &content, max, &unknown));
+        let key = children::normalize(&file);
+        let mut child_files = vec![(file, content)];
+        child_files.extend(
+            files
+                .iter()
+                .filter(|(n, _)| children::normalize(n) != key)
+                .cloned(),
+        );
+        let inputs = Inputs {
+            files: child_files,
+            variables,
+            now_unix_nanos: now,
+            include_chain: chain,
+        };
+        let cwd = self.config.cwd.display().to_string();
+        let mut prepared = prepare::prepare(&inputs, max, plugins, &cwd);
+        // With stand-ins for unknown variables, a child may not evaluate (a data source
+        // filter, a function): its changes are then worked out at deploy.
+        let unknown_note = || {
+            format!(
+                "{} known only after deploy",
+                unknown
+                    .iter()
+                    .map(|u| format!("`{u}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + if unknown.len() == 1 { " is" } else { " are" }
+            )
+        };
+        if prepared.diags.has_errors() {
+            if !unknown.is_empty() {
+                return Ok(deferred_child(name, state, unknown.clone(), unknown_note()));
+            }
+            return Err(format!(
+                "child `{instance}`: the blueprint has errors:\n{}",
+                prepared.errors_text()
+            ));
+        }
+        plan::forget_variables(&mut prepared, &unknown, plugins);
+        prepared.read_links(state);
+        let nested = self.plan_children(instance, &mut prepared, &inputs, state, plugins)?;
+        read.extend(nested.files);
+        let mut planned = plan::plan(&mut prepared, state, &plugins.manifests, plugins);
+        if prepared.diags.has_errors() {
+            if !unknown.is_empty() {
+                return Ok(deferred_child(name, state, unknown.clone(), unknown_note()));
+            }
+            return Err(format!(
+                "child `{instance}`: the blueprint has errors:\n{}",
+                prepared.errors_text()
+            ));
+        }
+        planned.children = nested.children;
+        let exports = plan::planned_exports(&mut prepared, &planned, state, plugins);
+        Ok(plan::ChildPlan {
+            name: name.to_owned(),
+            instance: instance.to_owned(),
+            action: plan::child_action(plan::deployed(state), &planned, &exports),
+            planned_version: state.instance.version,
+            plan: planned,
+            exports,
+            unknown_variables: unknown,
+            deferred: String::new(),
+            diagnostics: prepared.diagnostics_json(),
+        })
+    }
+
+    /// The plan of a child no longer included, and of its own children.
+    fn plan_deleted_child(
+        &self,
+        name: &str,
+        state: &InstanceState,
+    ) -> std::result::Result<plan::ChildPlan, String> {
+        let mut nested = Vec::new();
+        for c in state.children.iter().rev() {
+            let s = self
+                .rt
+                .block_on(self.store.load_state(&c.child_instance_id))
+                .map_err(|e| format!("child `{}`: {e}", c.name))?;
+            nested.push(self.plan_deleted_child(&c.name, &s)?);
+        }
+        Ok(plan::deleted_child(name, state, nested))
+    }
+
+    /// A child instance's state; an empty new instance when there is none yet.
+    fn child_state(&self, instance: &str) -> std::result::Result<InstanceState, String> {
+        let found = self
+            .rt
+            .block_on(self.store.find_instance(instance))
+            .map_err(|e| format!("child `{instance}`: {e}"))?;
+        match found {
+            Some(i) => self
+                .rt
+                .block_on(self.store.load_state(&i.id))
+                .map_err(|e| format!("child `{instance}`: {e}")),
+            None => Ok(empty_state(instance)),
+        }
     }
 
     pub async fn get_change_set(&self, id: &str) -> Result<ChangeSetView> {
@@ -470,6 +757,25 @@ impl Engine {
             .await?)
     }
 
+    /// How many resources a change set creates, updates, recreates or deletes: from the plan
+    /// this engine holds, else from the recorded body; `None` if neither can be read.
+    async fn planned_changes(&self, change_set_id: &str) -> Option<usize> {
+        let count = |plan: &Plan| {
+            plan.resources
+                .iter()
+                .filter(|r| r.action != plan::Action::NoChange)
+                .count()
+        };
+        {
+            let slot = self.last_planned.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = slot.as_ref().filter(|p| p.change_set_id == change_set_id) {
+                return Some(count(&p.plan));
+            }
+        }
+        let cs = self.store.get_change_set(change_set_id).await.ok()?;
+        Plan::from_body(&cs.body).map(|p| count(&p))
+    }
+
     /// Records the operation and marks it running, under `lease`.
     async fn start_operation(
         &self,
@@ -479,6 +785,7 @@ impl Engine {
         request_digest: &str,
         change_set_id: Option<String>,
         instance_status: InstanceStatus,
+        total: Option<usize>,
     ) -> Result<Operation> {
         let accepted = self
             .store
@@ -503,11 +810,16 @@ impl Engine {
                     },
                     Change::InstanceStatus(instance_status),
                 ],
-                vec![NewEvent::new(
-                    "operation.started",
-                    json!({ "operation": op.id, "kind": kind.as_str(),
-                            "changeSet": change_set_id, "status": instance_status.as_str() }),
-                )],
+                vec![NewEvent::new("operation.started", {
+                    let mut payload = json!({ "operation": op.id, "kind": kind.as_str(),
+                            "changeSet": change_set_id, "status": instance_status.as_str() });
+                    // How many resources the operation changes, so that a watcher can size
+                    // its progress without fetching the whole change set.
+                    if let Some(total) = total {
+                        payload["total"] = total.into();
+                    }
+                    payload
+                })],
             )
             .await?;
         Ok(self.store.get_operation(&op.id).await?)
@@ -529,7 +841,9 @@ impl Engine {
             return Ok(op);
         }
         self.accepting()?;
-        let cs = self.store.get_change_set(change_set_id).await?;
+        // The body (the whole plan) is read by the run, and only when this engine no longer
+        // holds the plan it made.
+        let cs = self.store.get_change_set_head(change_set_id).await?;
         if cs.status != ChangeSetStatus::Planned {
             return Err(EngineError::FailedPrecondition(format!(
                 "change set {change_set_id} is {}; plan again",
@@ -549,6 +863,7 @@ impl Engine {
             _ if before.resources.is_empty() => InstanceStatus::Deploying,
             _ => InstanceStatus::Updating,
         };
+        let total = self.planned_changes(&cs.id).await;
         let op = match self
             .start_operation(
                 &lease,
@@ -557,6 +872,7 @@ impl Engine {
                 &request_digest,
                 Some(cs.id.clone()),
                 status,
+                total,
             )
             .await
         {
@@ -602,6 +918,7 @@ impl Engine {
                 &request_digest,
                 None,
                 InstanceStatus::Destroying,
+                None,
             )
             .await
         {
@@ -641,6 +958,7 @@ impl Engine {
                 &request_digest,
                 None,
                 status,
+                None,
             )
             .await
         {
@@ -778,6 +1096,40 @@ impl Engine {
         Ok(())
     }
 
+    /// Inputs, plan and evaluation rebuilt from a change set's recorded body, with the data
+    /// sources replayed as planned.
+    fn recorded_plan(
+        &self,
+        ctx: &RunContext,
+        change_set_id: &str,
+        digest: &str,
+        plugins: &PluginContext<'_>,
+    ) -> std::result::Result<(Inputs, Plan, Prepared), String> {
+        let cs = ctx
+            .rt
+            .block_on(self.store.get_change_set(change_set_id))
+            .map_err(|e| format!("state store: {e}"))?;
+        let inputs = cs
+            .body
+            .get("inputs")
+            .and_then(Inputs::from_json)
+            .ok_or("the change set's recorded inputs cannot be read")?;
+        if inputs.digest() != digest {
+            return Err("the change set's recorded inputs do not match its digest".into());
+        }
+        let plan = Plan::from_body(&cs.body).ok_or("the change set's plan cannot be read")?;
+        let cwd = self.config.cwd.display().to_string();
+        let recorded = prepare::RecordedDataSources::from_body(&cs.body, plugins);
+        let prepared = prepare::prepare_with(
+            &inputs,
+            self.config.max_input_size,
+            plugins,
+            &cwd,
+            Some(&recorded),
+        );
+        Ok((inputs, plan, prepared))
+    }
+
     fn run_deploy(
         self: &Arc<Self>,
         ctx: &Arc<RunContext>,
@@ -797,38 +1149,25 @@ impl Engine {
             instance_status: Some(failed_status),
             changes: vec![],
         };
-        let Some(inputs) = cs.body.get("inputs").and_then(Inputs::from_json) else {
-            return fail("the change set's recorded inputs cannot be read".into());
-        };
-        if inputs.digest() != cs.digest {
-            return fail("the change set's recorded inputs do not match its digest".into());
-        }
-        let Some(plan) = Plan::from_body(&cs.body) else {
-            return fail("the change set's plan cannot be read".into());
-        };
         let cached = {
             let mut slot = self.last_planned.lock().unwrap_or_else(|e| e.into_inner());
             match slot.take() {
-                Some((id, p)) if id == cs.id => Some(p),
+                Some(p) if p.change_set_id == cs.id => Some(p),
                 other => {
                     *slot = other;
                     None
                 }
             }
         };
-        let cwd = self.config.cwd.display().to_string();
-        let recorded = prepare::RecordedDataSources::from_body(&cs.body, plugins);
-        // The evaluation from planning when this engine still has it (same inputs: the digest
-        // was checked; same state: the instance version is the planned one).
-        let mut prepared: Prepared = match cached {
-            Some(p) => p,
-            None => prepare::prepare_with(
-                &inputs,
-                self.config.max_input_size,
-                plugins,
-                &cwd,
-                Some(&recorded),
-            ),
+        // The evaluation from planning when this engine still has it (same inputs: the change
+        // set's digest names them; same state: the instance version is the planned one).
+        // Otherwise everything is rebuilt from the recorded body.
+        let (inputs, plan, mut prepared) = match cached {
+            Some(p) if p.inputs.digest() == cs.digest => (p.inputs, p.plan, p.prepared),
+            _ => match self.recorded_plan(ctx, &cs.id, &cs.digest, plugins) {
+                Ok(planned) => planned,
+                Err(e) => return fail(e),
+            },
         };
         if prepared.diags.has_errors() {
             return fail(format!(
@@ -837,13 +1176,25 @@ impl Engine {
             ));
         }
         prepared.read_links(&before);
+        let can_roll_back = |engine: &Engine| rollback_on_failure && !engine.drained(ctx);
         // Children first, in the order of the references between them: their exports feed
         // the parent's resources and the children after them.
-        let child_changes =
-            match self.deploy_children(ctx, &mut prepared, &inputs, &before, plugins) {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
+        let mut undo = Vec::new();
+        let deployed_children = self.deploy_children(
+            ctx,
+            &mut prepared,
+            &inputs,
+            &plan.children,
+            &before,
+            plugins,
+            rollback_on_failure,
+            &mut undo,
+        );
+        let child_changes = match deployed_children {
+            Ok(c) => c,
+            Err(e) if can_roll_back(self) => return self.roll_back(ctx, e, &[], &before, &undo),
+            Err(e) => return fail(e),
+        };
         if !child_changes.is_empty()
             && let Err(e) = ctx.commit_blocking(child_changes, vec![])
         {
@@ -853,53 +1204,257 @@ impl Engine {
         match outcome {
             Outcome::Succeeded => {
                 // Exports read the final state of every resource.
-                let changes = match self.final_exports(ctx, &mut prepared, plugins) {
-                    Ok(c) => c,
-                    Err(e) => return fail(e),
-                };
-                Finish {
-                    error: None,
-                    instance_status: Some(ok_status),
-                    changes,
+                match self.final_exports(ctx, &mut prepared, plugins) {
+                    Ok(changes) => Finish {
+                        error: None,
+                        instance_status: Some(ok_status),
+                        changes,
+                    },
+                    Err(e) if can_roll_back(self) => self.roll_back(ctx, e, &done, &before, &undo),
+                    Err(e) => fail(e),
                 }
             }
-            Outcome::Failed { error, .. } if rollback_on_failure && !self.drained(ctx) => {
-                let _ = ctx.commit_blocking(
-                    vec![Change::InstanceStatus(InstanceStatus::RollingBack)],
-                    vec![NewEvent::new(
-                        "rollback.started",
-                        json!({ "reason": error, "steps": done.len() }),
-                    )],
-                );
-                // Rollback must run to the end even though the run was asked to stop.
-                let status = match exec::rollback(ctx, &done, &before) {
-                    Ok(()) => InstanceStatus::RollbackComplete,
-                    Err(e) => {
-                        tracing::error!(operation = %ctx.operation.id, error = %e, "rollback failed");
-                        InstanceStatus::RollbackFailed
-                    }
-                };
-                Finish {
-                    error: Some(error),
-                    instance_status: Some(status),
-                    changes: vec![],
-                }
+            Outcome::Failed { error, .. } if can_roll_back(self) => {
+                self.roll_back(ctx, error, &done, &before, &undo)
             }
             Outcome::Failed { error, .. } => fail(error),
         }
     }
 
+    /// Undoes a failed deploy: the parent's resources (`done`, back to `before`), then what it
+    /// did to its children, the last first. The instance ends `ROLLBACK_COMPLETE`, or
+    /// `ROLLBACK_FAILED` when something could not be undone.
+    fn roll_back(
+        self: &Arc<Self>,
+        ctx: &Arc<RunContext>,
+        error: String,
+        done: &[exec::Done],
+        before: &InstanceState,
+        undo: &[ChildUndo],
+    ) -> Finish {
+        let _ = ctx.commit_blocking(
+            vec![Change::InstanceStatus(InstanceStatus::RollingBack)],
+            vec![NewEvent::new(
+                "rollback.started",
+                json!({ "reason": error, "steps": done.len(), "children": undo.len() }),
+            )],
+        );
+        // Rollback must run to the end even though the run was asked to stop.
+        let resources = exec::rollback(ctx, done, before);
+        // The parent's resources may read the children: they go back first.
+        let children = self.roll_back_children(ctx, undo);
+        let status = match resources.and(children) {
+            Ok(()) => InstanceStatus::RollbackComplete,
+            Err(e) => {
+                tracing::error!(operation = %ctx.operation.id, error = %e, "rollback failed");
+                InstanceStatus::RollbackFailed
+            }
+        };
+        Finish {
+            error: Some(error),
+            instance_status: Some(status),
+            changes: vec![],
+        }
+    }
+
+    /// Undoes what a deploy did to its children, the last first: a child it created is
+    /// destroyed, one it updated or destroyed is deployed again from its previous inputs.
+    /// Each outcome is a `child.rolled_back` event of the parent. Returns the first error.
+    fn roll_back_children(
+        self: &Arc<Self>,
+        ctx: &Arc<RunContext>,
+        undo: &[ChildUndo],
+    ) -> std::result::Result<(), String> {
+        let mut first_error = None;
+        for u in undo.iter().rev() {
+            let (name, instance, result) = match u {
+                ChildUndo::Destroy { name, instance } => (
+                    name,
+                    instance,
+                    self.destroy_child_instance(ctx, name, instance, "rollback")
+                        .map(|()| ("destroyed", "created by the failed operation")),
+                ),
+                ChildUndo::Restore {
+                    name,
+                    instance,
+                    previous: None,
+                    ..
+                } => (
+                    name,
+                    instance,
+                    self.destroy_child_instance(ctx, name, instance, "rollback")
+                        .map(|()| ("destroyed", "no earlier successful deploy is recorded")),
+                ),
+                ChildUndo::Restore {
+                    name,
+                    instance,
+                    instance_id,
+                    previous: Some(inputs),
+                } => (
+                    name,
+                    instance,
+                    self.restore_child(ctx, name, instance, instance_id, inputs)
+                        .map(|()| ("restored", "deployed again as it was before the operation")),
+                ),
+            };
+            let payload = match &result {
+                Ok((status, why)) => json!({
+                    "child": name, "instance": instance, "status": status,
+                    "reason": format!("{instance}: {why}"),
+                }),
+                Err(e) => json!({
+                    "child": name, "instance": instance, "status": "failed", "error": e,
+                }),
+            };
+            let _ = ctx.commit_blocking(vec![], vec![NewEvent::new("child.rolled_back", payload)]);
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Destroys a child's instance and forgets it in the parent (if the parent records it).
+    fn destroy_child_instance(
+        self: &Arc<Self>,
+        ctx: &Arc<RunContext>,
+        name: &str,
+        instance: &str,
+        why: &str,
+    ) -> std::result::Result<(), String> {
+        let request = format!("{}:{why}:destroy:{instance}", ctx.operation.id);
+        let op = ctx
+            .rt
+            .block_on(async {
+                let op = self.destroy(&request, instance).await?;
+                self.wait_operation(&op.id).await
+            })
+            .map_err(|e| format!("child `{instance}`: {e}"))?;
+        if op.status != OperationStatus::Succeeded {
+            return Err(format!(
+                "child `{instance}` {}: {}",
+                op.status,
+                op.error.unwrap_or_default()
+            ));
+        }
+        self.forget_child(ctx, name)
+    }
+
+    /// Removes the parent's record of child `name`, if it has one.
+    fn forget_child(&self, ctx: &RunContext, name: &str) -> std::result::Result<(), String> {
+        let state = ctx
+            .rt
+            .block_on(self.store.load_state(&ctx.operation.instance_id))
+            .map_err(|e| e.to_string())?;
+        if state.children.iter().any(|c| c.name == name) {
+            ctx.commit_blocking(
+                vec![Change::RemoveChild {
+                    name: name.to_owned(),
+                }],
+                vec![],
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Deploys a child again from recorded inputs (its last successful deploy's) and records
+    /// it in the parent.
+    fn restore_child(
+        self: &Arc<Self>,
+        ctx: &Arc<RunContext>,
+        name: &str,
+        instance: &str,
+        instance_id: &str,
+        inputs: &Inputs,
+    ) -> std::result::Result<(), String> {
+        let what = |e: EngineError| format!("child `{instance}`: {e}");
+        let mut files = inputs.files.clone();
+        if files.is_empty() {
+            return Err(format!(
+                "child `{instance}`: its previous inputs hold no document"
+            ));
+        }
+        let (file_name, content) = files.remove(0);
+        let source = Source::Inline {
+            file_name,
+            content,
+            children: files,
+        };
+        let request = format!("{}:rollback:restore:{instance}", ctx.operation.id);
+        let op = ctx
+            .rt
+            .block_on(async {
+                let cs = self
+                    .create_change_set_in(
+                        instance,
+                        source,
+                        inputs.variables.clone(),
+                        inputs.include_chain.clone(),
+                        Some(inputs.now_unix_nanos),
+                    )
+                    .await?;
+                let op = self.execute(&request, &cs.change_set.id, false).await?;
+                self.wait_operation(&op.id).await
+            })
+            .map_err(what)?;
+        if op.status != OperationStatus::Succeeded {
+            return Err(format!(
+                "child `{instance}` {}: {}",
+                op.status,
+                op.error.unwrap_or_default()
+            ));
+        }
+        ctx.commit_blocking(
+            vec![Change::PutChild {
+                name: name.to_owned(),
+                child_instance_id: instance_id.to_owned(),
+            }],
+            vec![],
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// The inputs of a child's last successful deploy (its newest executed change set).
+    fn last_deployed_inputs(&self, ctx: &RunContext, instance_id: &str) -> Option<Box<Inputs>> {
+        let sets = ctx
+            .rt
+            .block_on(self.store.list_change_sets(instance_id))
+            .ok()?;
+        sets.iter()
+            .rev()
+            .find(|cs| cs.status == ChangeSetStatus::Executed)
+            .and_then(|cs| cs.body.get("inputs"))
+            .and_then(Inputs::from_json)
+            .map(Box::new)
+    }
+
     /// Plans and executes every include as an instance of its own (`<parent>/<name>`), in
     /// dependency order, records its exports for the parent's evaluation, and destroys the
-    /// children the blueprint no longer includes. Returns the parent's child records to write.
+    /// children the blueprint no longer includes. Returns the parent's child records to write;
+    /// `undo` gets how to undo each child this did something to, in order (for a rollback;
+    /// with `rollback`, a failing child also rolls itself back).
+    ///
+    /// A child whose instance changed since `planned` read it is refused (the parent's change
+    /// set is stale), and so is a child whose exports differ from what the plan knew of them
+    /// (the parent's plan relied on them).
+    #[allow(clippy::too_many_arguments)]
     fn deploy_children(
         self: &Arc<Self>,
         ctx: &Arc<RunContext>,
         prepared: &mut Prepared,
         inputs: &Inputs,
+        planned: &[plan::ChildPlan],
         before: &InstanceState,
         plugins: &PluginContext<'_>,
+        rollback: bool,
+        undo: &mut Vec<ChildUndo>,
     ) -> std::result::Result<Vec<Change>, String> {
+        // Nothing is deployed when the plan is stale for any child.
+        for p in planned {
+            check_child_version(p, &self.child_state(&p.instance)?)?;
+        }
         let parent = before.instance.name.clone();
         let parent_file = inputs
             .files
@@ -924,6 +1479,8 @@ impl Engine {
                 &path,
                 &inputs.files,
                 &self.config.allowed_roots,
+                // On the operation's blocking thread: wait for the fetch on the runtime.
+                &|url| ctx.rt.block_on(self.config.remote_includes.fetch(url)),
             )
             .map_err(|e| format!("include `{name}`: {e}"))?;
             let key = children::normalize(&file);
@@ -946,23 +1503,43 @@ impl Engine {
                 content,
                 children: others,
             };
-            let exports = ctx.rt.block_on(self.run_child(
+            let child_plan = planned.iter().find(|c| c.name == name);
+            let state = self.child_state(&instance)?;
+            if let Some(p) = child_plan {
+                check_child_version(p, &state)?;
+            }
+            // What a rollback would go back to: captured before the child changes.
+            let previous =
+                plan::deployed(&state).then(|| self.last_deployed_inputs(ctx, &state.instance.id));
+            let run = ctx.rt.block_on(self.run_child(
                 ctx,
                 &instance,
                 source,
                 variables,
                 chain.clone(),
+                inputs.now_unix_nanos,
+                rollback,
             ))?;
-            let child_id = ctx
-                .rt
-                .block_on(self.store.find_instance(&instance))
-                .map_err(|e| e.to_string())?
-                .map(|i| i.id)
-                .unwrap_or_default();
-            prepared.set_child_exports(&name, exports);
+            match previous {
+                None => undo.push(ChildUndo::Destroy {
+                    name: name.clone(),
+                    instance: instance.clone(),
+                }),
+                Some(previous) if run.changed => undo.push(ChildUndo::Restore {
+                    name: name.clone(),
+                    instance: instance.clone(),
+                    instance_id: run.instance_id.clone(),
+                    previous,
+                }),
+                Some(_) => {}
+            }
+            if let Some(p) = child_plan {
+                check_child_exports(p, &run.exports)?;
+            }
+            prepared.set_child_exports(&name, run.exports);
             changes.push(Change::PutChild {
                 name,
-                child_instance_id: child_id,
+                child_instance_id: run.instance_id,
             });
         }
         let gone: Vec<String> = before
@@ -978,12 +1555,29 @@ impl Engine {
             .map(|c| c.name.clone())
             .collect();
         if !gone.is_empty() {
+            for c in before.children.iter().filter(|c| gone.contains(&c.name)) {
+                let state = ctx
+                    .rt
+                    .block_on(self.store.load_state(&c.child_instance_id))
+                    .map_err(|e| format!("child `{}`: {e}", c.name))?;
+                if let Some(p) = planned.iter().find(|p| p.name == c.name) {
+                    check_child_version(p, &state)?;
+                }
+                undo.push(ChildUndo::Restore {
+                    name: c.name.clone(),
+                    instance: state.instance.name.clone(),
+                    instance_id: c.child_instance_id.clone(),
+                    previous: self.last_deployed_inputs(ctx, &c.child_instance_id),
+                });
+            }
             self.destroy_children(ctx, before, &gone)?;
         }
         Ok(changes)
     }
 
-    /// Plans and executes one child; its exports once it is deployed.
+    /// Plans and executes one child (on its parent's clock `now`; with `rollback`, a failure
+    /// rolls the child back); its exports once it is deployed.
+    #[allow(clippy::too_many_arguments)]
     async fn run_child(
         self: &Arc<Self>,
         ctx: &RunContext,
@@ -991,15 +1585,17 @@ impl Engine {
         source: Source,
         variables: Vec<(String, String)>,
         chain: Vec<String>,
-    ) -> std::result::Result<indexmap::IndexMap<String, crate::eval::value::Value>, String> {
+        now: i128,
+        rollback: bool,
+    ) -> std::result::Result<ChildRun, String> {
         let what = |e: EngineError| format!("child `{instance}`: {e}");
         let cs = self
-            .create_change_set_in(instance, source, variables, chain)
+            .create_change_set_in(instance, source, variables, chain, Some(now))
             .await
             .map_err(what)?;
         let request = format!("{}:{instance}", ctx.operation.id);
         let op = self
-            .execute(&request, &cs.change_set.id, false)
+            .execute(&request, &cs.change_set.id, rollback)
             .await
             .map_err(what)?;
         let op = self.wait_operation(&op.id).await.map_err(what)?;
@@ -1015,16 +1611,20 @@ impl Engine {
             .load_state(&op.instance_id)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(state
-            .exports
-            .iter()
-            .map(|e| {
-                (
-                    e.name.clone(),
-                    crate::eval::value::Value::from_json(&state_values::unwrap(&e.value)),
-                )
-            })
-            .collect())
+        Ok(ChildRun {
+            instance_id: op.instance_id.clone(),
+            changed: !cs.plan.is_empty(),
+            exports: state
+                .exports
+                .iter()
+                .map(|e| {
+                    (
+                        e.name.clone(),
+                        crate::eval::value::Value::from_json(&state_values::unwrap(&e.value)),
+                    )
+                })
+                .collect(),
+        })
     }
 
     /// Destroys the named children's instances (and forgets them in the parent), the last
@@ -1255,9 +1855,11 @@ impl Engine {
 
     // ---- drift ----------------------------------------------------------------------------
 
-    /// Reads every resource through its provider and compares it with state.
+    /// Reads every resource through its provider and compares it with state (fields links
+    /// own are not drift: see [`drift`]).
     pub async fn check_drift(&self, instance: &str) -> Result<DriftReport> {
         let state = self.get_instance(instance).await?;
+        let checker = drift::Checker::load(self.provisioner.as_ref(), &state).await;
         let mut report = DriftReport {
             instance: instance.to_owned(),
             resources: Vec::new(),
@@ -1304,7 +1906,7 @@ impl Engine {
                     })
                 }
                 Some(Ok(Observed::Exists { spec, .. })) => {
-                    let fields = drift_fields(&r.spec, &spec);
+                    let fields = checker.fields(r, &spec);
                     if !fields.is_empty() {
                         report.resources.push(ResourceDrift {
                             name: r.name.clone(),
@@ -1412,6 +2014,166 @@ impl Engine {
     }
 }
 
+/// What planning a blueprint found, handed back from the planning thread.
+#[derive(Default)]
+struct Planned {
+    plan: Plan,
+    diagnostics: Vec<Json>,
+    datasources: Json,
+    /// Why the blueprint cannot be planned (rendered).
+    error: Option<String>,
+    prepared: Option<Prepared>,
+    /// Included documents read from this host while planning.
+    files: Vec<(String, Vec<u8>)>,
+}
+
+/// What planning a blueprint's children found.
+#[derive(Default)]
+struct PlannedChildren {
+    children: Vec<plan::ChildPlan>,
+    /// Documents read from the engine host (not sent with the request), named as execution
+    /// looks them up: added to the root's inputs, so its digest covers them and execution
+    /// deploys what was planned.
+    files: Vec<(String, Vec<u8>)>,
+}
+
+/// One include to plan.
+struct ChildInputs<'a> {
+    name: &'a str,
+    instance: &'a str,
+    file: String,
+    content: Vec<u8>,
+    /// Known values, as `--var` text.
+    variables: Vec<(String, String)>,
+    /// Variables known only after deploy.
+    unknown: Vec<String>,
+    chain: Vec<String>,
+    now: i128,
+}
+
+/// A child whose changes are worked out only at deploy.
+fn deferred_child(
+    name: &str,
+    state: &InstanceState,
+    unknown: Vec<String>,
+    why: String,
+) -> plan::ChildPlan {
+    plan::ChildPlan {
+        name: name.to_owned(),
+        instance: state.instance.name.clone(),
+        action: if plan::deployed(state) {
+            plan::Action::Update
+        } else {
+            plan::Action::Create
+        },
+        planned_version: state.instance.version,
+        plan: Plan::default(),
+        exports: Vec::new(),
+        unknown_variables: unknown,
+        deferred: why,
+        diagnostics: Vec::new(),
+    }
+}
+
+/// The name under which `children::resolve` finds the document `path` included by `parent`
+/// among the request's files.
+fn include_key(parent: &str, path: &str) -> String {
+    let dir = parent.rfind('/').map_or("", |i| &parent[..i]);
+    if path.starts_with('/') || dir.is_empty() {
+        children::normalize(path)
+    } else {
+        children::normalize(&format!("{dir}/{path}"))
+    }
+}
+
+/// The state of an instance that does not exist yet.
+fn empty_state(name: &str) -> InstanceState {
+    let t = crate::state::Timestamp::from_millis(0);
+    InstanceState {
+        instance: crate::state::Instance {
+            id: String::new(),
+            name: name.to_owned(),
+            status: InstanceStatus::New,
+            version: 0,
+            last_seq: 0,
+            pruned_through: 0,
+            lease_epoch: 0,
+            lease: None,
+            created_at: t,
+            updated_at: t,
+        },
+        resources: Vec::new(),
+        links: Vec::new(),
+        children: Vec::new(),
+        exports: Vec::new(),
+    }
+}
+
+/// A child deployed by its parent's operation.
+struct ChildRun {
+    instance_id: String,
+    /// Its change set changed something.
+    changed: bool,
+    exports: indexmap::IndexMap<String, crate::eval::value::Value>,
+}
+
+/// A child instance must be at the version the parent's plan read: otherwise what the plan
+/// showed (and what the parent's plan relied on) may no longer hold.
+fn check_child_version(
+    planned: &plan::ChildPlan,
+    state: &InstanceState,
+) -> std::result::Result<(), String> {
+    if planned.planned_version == state.instance.version {
+        Ok(())
+    } else {
+        Err(format!(
+            "child `{}` changed since the change set was planned (version {} then, {} now); \
+             plan again",
+            planned.instance, planned.planned_version, state.instance.version
+        ))
+    }
+}
+
+/// The exports a child ended with must be those its plan knew: the parent's plan (what it
+/// left unchanged) relied on them.
+fn check_child_exports(
+    planned: &plan::ChildPlan,
+    exports: &indexmap::IndexMap<String, crate::eval::value::Value>,
+) -> std::result::Result<(), String> {
+    for e in &planned.exports {
+        let Some(diff::Shown::Value(expected)) = &e.new else {
+            continue;
+        };
+        let actual = exports.get(&e.name).map(state_values::eval_to_json);
+        if actual.as_ref() != Some(expected) {
+            return Err(format!(
+                "child `{}`: export `{}` is {} after its deploy, not {expected} as planned; plan \
+                 again",
+                planned.instance,
+                e.name,
+                actual.map_or_else(|| "missing".to_owned(), |a| a.to_string())
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How to undo what a deploy did to one child when it rolls back.
+#[derive(Clone, Debug)]
+enum ChildUndo {
+    /// Created by the operation: destroyed.
+    Destroy { name: String, instance: String },
+    /// Updated (or destroyed as no longer included) by the operation: deployed again from
+    /// the inputs of its last successful deploy before it (`None`: there is none, so it is
+    /// destroyed).
+    Restore {
+        name: String,
+        instance: String,
+        instance_id: String,
+        previous: Option<Box<Inputs>>,
+    },
+}
+
 fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
     let plan = Plan::from_body(&cs.body).unwrap_or_default();
     let diagnostics = cs
@@ -1426,22 +2188,6 @@ fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
         plan,
         diagnostics,
     }
-}
-
-/// Differences between a recorded spec and one a provider reports (secrets masked). Fields
-/// the recorded spec does not set (provider defaults, computed fields) are not drift.
-pub(crate) fn drift_fields(recorded: &Json, observed: &Json) -> Vec<diff::FieldChange> {
-    let plain = state_values::unwrap(recorded);
-    let new = crate::eval::value::Value::from_json(observed);
-    let masked = state_values::mask_like(observed, recorded);
-    let mut fields = diff::diff_spec(
-        Some(&plain),
-        &new,
-        masked.as_ref(),
-        &diff::RecreatePaths::default(),
-    );
-    fields.retain(|f| f.previous.is_some());
-    fields
 }
 
 /// How an operation's body ended.

@@ -11,7 +11,8 @@ use trellis_proto::engine::v1 as api;
 use trellis_proto::plugin::v1 as pb;
 
 use crate::engine::diff::{FieldChange, Shown};
-use crate::engine::plan::Action;
+use crate::engine::links::PlannedLink;
+use crate::engine::plan::{Action, ChildPlan, PlannedResource};
 use crate::engine::{
     ChangeSetView, DriftKind, DriftReport, Engine, EngineError, Source, state_values,
 };
@@ -147,6 +148,52 @@ fn change_set_status(s: ChangeSetStatus) -> api::ChangeSetStatus {
     }
 }
 
+fn resource_change(r: &PlannedResource) -> api::ResourceChange {
+    api::ResourceChange {
+        name: r.name.clone(),
+        resource_type: r.resource_type.clone(),
+        action: action(r.action) as i32,
+        fields: r.fields.iter().map(field).collect(),
+        reason: r.reason.clone(),
+        depends_on: r.depends_on.clone(),
+    }
+}
+
+fn link_change(l: &PlannedLink) -> api::LinkChange {
+    api::LinkChange {
+        resource_a: l.a.clone(),
+        resource_b: l.b.clone(),
+        link_type: l.link_type.clone(),
+        action: action(l.action) as i32,
+    }
+}
+
+fn child_change(c: &ChildPlan) -> api::ChildChange {
+    api::ChildChange {
+        name: c.name.clone(),
+        instance: c.instance.clone(),
+        action: action(c.action) as i32,
+        planned_version: c.planned_version,
+        resources: c.plan.resources.iter().map(resource_change).collect(),
+        links: c.plan.links.iter().map(link_change).collect(),
+        exports: c
+            .exports
+            .iter()
+            .map(|e| api::ExportChange {
+                name: e.name.clone(),
+                action: action(e.action) as i32,
+                previous: e.previous.as_ref().map(shown),
+                new: e.new.as_ref().map(shown),
+            })
+            .collect(),
+        children: c.plan.children.iter().map(child_change).collect(),
+        summary: c.summary(),
+        unknown_variables: c.unknown_variables.clone(),
+        deferred: c.deferred.clone(),
+        diagnostics: c.diagnostics.iter().map(diagnostic).collect(),
+    }
+}
+
 pub fn change_set(v: &ChangeSetView) -> api::ChangeSet {
     let cs = &v.change_set;
     api::ChangeSet {
@@ -156,34 +203,13 @@ pub fn change_set(v: &ChangeSetView) -> api::ChangeSet {
         status: change_set_status(cs.status) as i32,
         planned_version: cs.planned_version,
         digest: cs.digest.clone(),
-        resources: v
-            .plan
-            .resources
-            .iter()
-            .map(|r| api::ResourceChange {
-                name: r.name.clone(),
-                resource_type: r.resource_type.clone(),
-                action: action(r.action) as i32,
-                fields: r.fields.iter().map(field).collect(),
-                reason: r.reason.clone(),
-                depends_on: r.depends_on.clone(),
-            })
-            .collect(),
+        resources: v.plan.resources.iter().map(resource_change).collect(),
         exports: vec![],
         diagnostics: v.diagnostics.iter().map(diagnostic).collect(),
         summary: v.plan.summary(),
         created_at_unix_ms: cs.created_at.as_millis(),
-        links: v
-            .plan
-            .links
-            .iter()
-            .map(|l| api::LinkChange {
-                resource_a: l.a.clone(),
-                resource_b: l.b.clone(),
-                link_type: l.link_type.clone(),
-                action: action(l.action) as i32,
-            })
-            .collect(),
+        links: v.plan.links.iter().map(link_change).collect(),
+        children: v.plan.children.iter().map(child_change).collect(),
     }
 }
 
@@ -270,7 +296,9 @@ pub fn instance(s: &state::InstanceState) -> api::Instance {
             resource_b: l.resource_b.clone(),
             link_type: l.link_type.clone(),
             status: resource_status(l.status) as i32,
-            data: Some(state_values::to_api(&l.data)),
+            data: Some(state_values::to_api(&crate::engine::links::link_data(
+                &l.data,
+            ))),
         })
         .collect();
     out.children = s
