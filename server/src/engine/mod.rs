@@ -42,6 +42,17 @@ use plan::Plan;
 use prepare::{Inputs, Prepared};
 use provision::{Observed, Provisioner};
 
+/// What [`Engine::start_operation`] records.
+struct OperationStart<'a> {
+    kind: OperationKind,
+    request_id: &'a str,
+    request_digest: &'a str,
+    change_set_id: Option<String>,
+    instance_status: InstanceStatus,
+    /// How many resources the operation changes, when known.
+    total: Option<usize>,
+}
+
 /// The plan this engine made last, kept for its execution: rebuilding a large plan from the
 /// recorded change set costs more than the deployment's first layer.
 struct LastPlanned {
@@ -777,16 +788,15 @@ impl Engine {
     }
 
     /// Records the operation and marks it running, under `lease`.
-    async fn start_operation(
-        &self,
-        lease: &Lease,
-        kind: OperationKind,
-        request_id: &str,
-        request_digest: &str,
-        change_set_id: Option<String>,
-        instance_status: InstanceStatus,
-        total: Option<usize>,
-    ) -> Result<Operation> {
+    async fn start_operation(&self, lease: &Lease, start: OperationStart<'_>) -> Result<Operation> {
+        let OperationStart {
+            kind,
+            request_id,
+            request_digest,
+            change_set_id,
+            instance_status,
+            total,
+        } = start;
         let accepted = self
             .store
             .create_operation(NewOperation {
@@ -867,12 +877,14 @@ impl Engine {
         let op = match self
             .start_operation(
                 &lease,
-                OperationKind::Deploy,
-                request_id,
-                &request_digest,
-                Some(cs.id.clone()),
-                status,
-                total,
+                OperationStart {
+                    kind: OperationKind::Deploy,
+                    request_id,
+                    request_digest: &request_digest,
+                    change_set_id: Some(cs.id.clone()),
+                    instance_status: status,
+                    total,
+                },
             )
             .await
         {
@@ -913,12 +925,14 @@ impl Engine {
         let op = match self
             .start_operation(
                 &lease,
-                OperationKind::Destroy,
-                request_id,
-                &request_digest,
-                None,
-                InstanceStatus::Destroying,
-                None,
+                OperationStart {
+                    kind: OperationKind::Destroy,
+                    request_id,
+                    request_digest: &request_digest,
+                    change_set_id: None,
+                    instance_status: InstanceStatus::Destroying,
+                    total: None,
+                },
             )
             .await
         {
@@ -953,12 +967,14 @@ impl Engine {
         let op = match self
             .start_operation(
                 &lease,
-                OperationKind::Reconcile,
-                request_id,
-                &request_digest,
-                None,
-                status,
-                None,
+                OperationStart {
+                    kind: OperationKind::Reconcile,
+                    request_id,
+                    request_digest: &request_digest,
+                    change_set_id: None,
+                    instance_status: status,
+                    total: None,
+                },
             )
             .await
         {

@@ -579,10 +579,12 @@ impl ChildPlan {
 /// operation rolls back).
 pub fn deployed(state: &InstanceState) -> bool {
     use crate::state::InstanceStatus;
+    let holds_something =
+        !state.resources.is_empty() || !state.exports.is_empty() || !state.children.is_empty();
     !matches!(
         state.instance.status,
         InstanceStatus::New | InstanceStatus::Destroyed
-    ) && !(state.resources.is_empty() && state.exports.is_empty() && state.children.is_empty())
+    ) && holds_something
 }
 
 /// A child's action from whether its instance is deployed and what its plan changes.
