@@ -3,7 +3,9 @@
 //! - fields a link owns are not drift: an env file's lines written by its links are reported
 //!   by the provider (`values`), yet `trellis drift` stays quiet about them, while a line added
 //!   by hand or a changed static value is drift; reconcile leaves link-owned fields alone;
-//! - the `local/file` data source's `json` mapping, filtered with `has key` / `not has key`.
+//! - the `local/file` data source's `json` mapping, filtered with `has key` / `not has key`;
+//! - `${link(a, b)}` of a link created in the same deployment: the resource reading it is
+//!   planned as known after deploy and deployed after the link.
 
 mod plugins_common;
 
@@ -381,4 +383,76 @@ fn data_source_json_mappings_filter_with_has_key() {
             "{field} {operator} {search}: {text}"
         );
     }
+}
+
+#[test]
+fn link_data_created_in_the_same_deployment_feeds_a_later_resource() {
+    let root = TempDir::new("e2e-ldata");
+    let site = root.join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    let engine = Engine::start_in(root.path(), &site);
+    // `manifest` reads the data of the env file's link to `config`, which this deployment
+    // creates: it can only be applied once both ends are deployed and the link is.
+    let blueprint = format!(
+        "{LINKED_ENV}{}",
+        r#"  manifest:
+    type: local/file
+    spec:
+      path: manifest.txt
+      content: "${link(env, config).variable} in ${link(config, env).path}"
+"#
+    );
+    write(&site.join("bp.yaml"), &blueprint);
+
+    let (code, plan) = engine.json(&["plan", "bp.yaml", "--instance", "app"]);
+    assert_eq!(code, 0, "{plan}");
+    let manifest = plan["changeSet"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "manifest")
+        .cloned()
+        .unwrap();
+    let content = manifest["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "spec.content")
+        .cloned()
+        .unwrap();
+    assert_eq!(content["new"], json!({"unknown": true}), "{manifest}");
+
+    let (code, out) = engine.json(&["deploy", "bp.yaml", "--instance", "app"]);
+    assert_eq!(code, 0, "{out}");
+    let inst = engine.instance("app");
+    let link = inst["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["resourceB"] == "config")
+        .cloned()
+        .unwrap_or_else(|| panic!("no env -> config link: {inst}"));
+    let expected = format!(
+        "{} in {}",
+        link["data"]["variable"].as_str().unwrap(),
+        link["data"]["path"].as_str().unwrap()
+    );
+    assert!(expected.starts_with("FILE_CONFIG in "), "{link}");
+    assert_eq!(
+        std::fs::read_to_string(site.join("manifest.txt")).unwrap(),
+        expected
+    );
+    assert_eq!(inst["resources"]["manifest"]["spec"]["content"], expected);
+
+    // Planned again: the link data is recorded, so nothing is unknown and nothing changes.
+    let (code, again) = engine.json(&["plan", "bp.yaml", "--instance", "app"]);
+    assert_eq!(code, 0, "{again}");
+    for r in again["changeSet"]["resources"].as_array().unwrap() {
+        assert_eq!(r["action"], "NO_CHANGE", "{r}");
+    }
+
+    let (code, out) = engine.json(&["destroy", "--instance", "app"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!site.join("manifest.txt").exists());
+    assert!(!site.join("app.env").exists());
 }

@@ -617,7 +617,10 @@ pub fn deploy(
             completed,
         );
     }
-    // Phase 1: everything that stays, dependencies first.
+    // Phase 1: everything that stays, dependencies first, then the new and changed links
+    // once both their ends are deployed. A resource that reads the data of such a link
+    // (`${link(a, b)}`) waits for it: it deploys in a later round, after the links the earlier
+    // rounds made ready (with everything that depends on it).
     let applies: Vec<&super::plan::PlannedResource> = plan
         .resources
         .iter()
@@ -628,29 +631,32 @@ pub fn deploy(
         .enumerate()
         .map(|(i, r)| (r.name.as_str(), i))
         .collect();
-    let mut nodes: Vec<Node> = applies
+    let deps: Vec<Vec<usize>> = applies
         .iter()
-        .map(|r| Node {
-            deps: r
-                .depends_on
+        .map(|r| {
+            r.depends_on
                 .iter()
                 .filter_map(|d| index.get(d.as_str()).copied())
-                .collect(),
-            dependents: Vec::new(),
-            waiting: 0,
+                .collect()
         })
         .collect();
+    let needs = link_needs(prepared, &applies, &plan.links);
+    let mut deployed = vec![false; applies.len()];
+    let mut linked: Vec<bool> = plan
+        .links
+        .iter()
+        .map(|l| !matches!(l.action, Action::Create | Action::Update))
+        .collect();
     // Fresh state of finished resources, for the evaluation of their dependents.
-    let fresh: Arc<Mutex<HashMap<String, Json>>> = Arc::new(Mutex::new(
-        before
-            .resources
-            .iter()
-            .filter_map(|r| r.state.clone().map(|s| (r.name.clone(), s)))
-            .collect(),
-    ));
-    let inst = ctx.operation.instance_id.clone();
-    let fresh_start = fresh.clone();
-    let start = |i: usize| -> Result<Option<Job>, String> {
+    let mut fresh: HashMap<String, Json> = before
+        .resources
+        .iter()
+        .filter_map(|r| r.state.clone().map(|s| (r.name.clone(), s)))
+        .collect();
+    let start = |prepared: &mut Prepared,
+                 fresh: &HashMap<String, Json>,
+                 i: usize|
+     -> Result<Option<Job>, String> {
         let p = applies[i];
         if p.action == Action::NoChange {
             return Ok(None);
@@ -662,13 +668,10 @@ pub fn deploy(
             ));
         };
         // Dependencies' state as it is now, just before this resource is applied.
-        {
-            let fresh = fresh_start.lock().unwrap_or_else(|e| e.into_inner());
-            for dep in &p.depends_on {
-                if let (Some(state), Some(d)) = (fresh.get(dep), prepared.find(dep)) {
-                    let slot = prepared.evaluation.resources[d].instance;
-                    prepared.evaluation.instances[slot].state = Some(state_values::to_eval(state));
-                }
+        for dep in &p.depends_on {
+            if let (Some(state), Some(d)) = (fresh.get(dep), prepared.find(dep)) {
+                let slot = prepared.evaluation.resources[d].instance;
+                prepared.evaluation.instances[slot].state = Some(state_values::to_eval(state));
             }
         }
         let found = prepared.reevaluate(idx, plugins);
@@ -715,33 +718,89 @@ pub fn deploy(
             _ => Job::Apply(create(spec, depends_on, metadata)),
         }))
     };
-    let fresh_finish = fresh.clone();
-    let finish = |_: usize, d: &Done| {
-        let mut fresh = fresh_finish.lock().unwrap_or_else(|e| e.into_inner());
-        match d {
-            Done::Created { name, state } => {
-                fresh.insert(name.clone(), state.clone());
-            }
-            Done::Updated { before, state } | Done::Recreated { before, state } => {
-                fresh.insert(before.name.clone(), state.clone());
-            }
-            Done::Deleted { .. } => {}
-        }
-        completed.push(d.clone());
+    let failed = |error: String, completed: Vec<Done>| {
+        let stopped = ctx.stop.is_cancelled();
+        (Outcome::Failed { error, stopped }, completed)
     };
-    let _ = &inst;
-    if let Err((error, stopped)) = schedule(ctx, &mut nodes, start, finish) {
-        return (Outcome::Failed { error, stopped }, completed);
-    }
-    // Links once both ends are deployed.
-    if let Err(error) = run_links(ctx, &plan.links, false) {
-        return (
-            Outcome::Failed {
-                error,
-                stopped: ctx.stop.is_cancelled(),
-            },
-            completed,
-        );
+    loop {
+        let round = next_round(&deps, &needs, &deployed, &linked);
+        if !round.is_empty() {
+            let position: HashMap<usize, usize> =
+                round.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+            let mut nodes: Vec<Node> = round
+                .iter()
+                .map(|&i| Node {
+                    // Dependencies of earlier rounds are deployed already.
+                    deps: deps[i]
+                        .iter()
+                        .filter_map(|d| position.get(d).copied())
+                        .collect(),
+                    dependents: Vec::new(),
+                    waiting: 0,
+                })
+                .collect();
+            let fresh_cell = Mutex::new(&mut fresh);
+            let scheduled = schedule(
+                ctx,
+                &mut nodes,
+                |k| {
+                    let fresh = fresh_cell.lock().unwrap_or_else(|e| e.into_inner());
+                    start(prepared, &fresh, round[k])
+                },
+                |_, d| {
+                    let mut fresh = fresh_cell.lock().unwrap_or_else(|e| e.into_inner());
+                    match d {
+                        Done::Created { name, state } => {
+                            fresh.insert(name.clone(), state.clone());
+                        }
+                        Done::Updated { before, state } | Done::Recreated { before, state } => {
+                            fresh.insert(before.name.clone(), state.clone());
+                        }
+                        Done::Deleted { .. } => {}
+                    }
+                    completed.push(d.clone());
+                },
+            );
+            if let Err((error, stopped)) = scheduled {
+                return (Outcome::Failed { error, stopped }, completed);
+            }
+            for &i in &round {
+                deployed[i] = true;
+            }
+        }
+        // The links whose ends are all deployed now.
+        let end_deployed = |name: &str| index.get(name).is_none_or(|&i| deployed[i]);
+        let ready: Vec<usize> = (0..plan.links.len())
+            .filter(|&l| {
+                !linked[l] && end_deployed(&plan.links[l].a) && end_deployed(&plan.links[l].b)
+            })
+            .collect();
+        let batch: Vec<PlannedLink> = ready.iter().map(|&l| plan.links[l].clone()).collect();
+        if let Err(error) = run_links(ctx, &batch, false) {
+            return failed(error, completed);
+        }
+        for &l in &ready {
+            linked[l] = true;
+        }
+        if deployed.iter().all(|&d| d) {
+            break;
+        }
+        if round.is_empty() && ready.is_empty() {
+            return failed(
+                waits_on_itself(&applies, &needs, &deployed, &plan.links),
+                completed,
+            );
+        }
+        if !ready.is_empty() {
+            // The later rounds read the data these links recorded.
+            match ctx
+                .rt
+                .block_on(ctx.store.load_state(&ctx.operation.instance_id))
+            {
+                Ok(state) => prepared.read_links(&state),
+                Err(e) => return failed(format!("state store: {e}"), completed),
+            }
+        }
     }
     // Phase 2: what the blueprint dropped, dependents first.
     let deletes: Vec<&Resource> = plan
@@ -753,6 +812,96 @@ pub fn deploy(
     let (outcome, mut removed) = destroy_all(ctx, &deletes);
     completed.append(&mut removed);
     (outcome, completed)
+}
+
+/// For each resource of `applies`: the links of `links` being created or changed whose data
+/// its spec reads (`${link(a, b)}`, either way round).
+fn link_needs(
+    prepared: &Prepared,
+    applies: &[&super::plan::PlannedResource],
+    links: &[PlannedLink],
+) -> Vec<Vec<usize>> {
+    let pending: Vec<usize> = (0..links.len())
+        .filter(|&l| matches!(links[l].action, Action::Create | Action::Update))
+        .collect();
+    if pending.is_empty() {
+        return vec![Vec::new(); applies.len()];
+    }
+    applies
+        .iter()
+        .map(|p| {
+            let Some(idx) = prepared.find(&p.name) else {
+                return Vec::new();
+            };
+            let reads = prepared.link_reads(idx);
+            pending
+                .iter()
+                .copied()
+                .filter(|&l| {
+                    let (a, b) = (&links[l].a, &links[l].b);
+                    reads
+                        .iter()
+                        .any(|(x, y)| (x == a && y == b) || (x == b && y == a))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The resources not deployed yet that can deploy now: none of the links they read is
+/// waiting, and none of their dependencies is held back.
+fn next_round(
+    deps: &[Vec<usize>],
+    needs: &[Vec<usize>],
+    deployed: &[bool],
+    linked: &[bool],
+) -> Vec<usize> {
+    let n = deps.len();
+    let mut held: Vec<bool> = (0..n)
+        .map(|i| !deployed[i] && needs[i].iter().any(|&l| !linked[l]))
+        .collect();
+    if held.iter().any(|&h| h) {
+        // Held back with whatever depends on a held resource (to a fixed point: the plan's
+        // order need not be a dependency order).
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for i in 0..n {
+                if !held[i] && !deployed[i] && deps[i].iter().any(|&d| held[d]) {
+                    held[i] = true;
+                    changed = true;
+                }
+            }
+        }
+    }
+    (0..n).filter(|&i| !deployed[i] && !held[i]).collect()
+}
+
+/// Why no round can start: a resource reads the data of a link that needs it (or something
+/// depending on it) deployed first.
+fn waits_on_itself(
+    applies: &[&super::plan::PlannedResource],
+    needs: &[Vec<usize>],
+    deployed: &[bool],
+    links: &[PlannedLink],
+) -> String {
+    let waiting: Vec<String> = (0..applies.len())
+        .filter(|&i| !deployed[i])
+        .flat_map(|i| {
+            needs[i].iter().map(move |&l| {
+                format!(
+                    "`{}` reads ${{link({}, {})}}",
+                    applies[i].name, links[l].a, links[l].b
+                )
+            })
+        })
+        .collect();
+    format!(
+        "resources wait on link data that needs them deployed first: {} (a link is applied \
+         once both its ends are deployed, so neither end, nor anything an end depends on, can \
+         read its data in the deployment that creates it)",
+        waiting.join("; ")
+    )
 }
 
 /// Destroys `resources` (in parallel where no dependency orders them), each after everything
@@ -1218,4 +1367,73 @@ pub fn run_links(
         ))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(a: &str, b: &str, action: Action) -> PlannedLink {
+        PlannedLink {
+            a: a.into(),
+            b: b.into(),
+            link_type: "t::u".into(),
+            provider: "p".into(),
+            action,
+        }
+    }
+
+    #[test]
+    fn readers_of_new_link_data_wait_with_their_dependents() {
+        // 0 and 1 are the ends of link 0; 2 reads its data; 3 depends on 2; 4 is independent.
+        let deps = vec![vec![], vec![], vec![0, 1], vec![2], vec![]];
+        let needs = vec![vec![], vec![], vec![0], vec![], vec![]];
+        let mut deployed = vec![false; 5];
+        let mut linked = vec![false];
+        assert_eq!(next_round(&deps, &needs, &deployed, &linked), [0, 1, 4]);
+        for i in [0, 1, 4] {
+            deployed[i] = true;
+        }
+        // Until the link is applied, nothing else may start.
+        assert!(next_round(&deps, &needs, &deployed, &linked).is_empty());
+        linked[0] = true;
+        assert_eq!(next_round(&deps, &needs, &deployed, &linked), [2, 3]);
+    }
+
+    #[test]
+    fn without_link_reads_everything_is_one_round() {
+        // Dependents listed before their dependencies: the round still takes them all.
+        let deps = vec![vec![1], vec![2], vec![]];
+        let needs = vec![vec![]; 3];
+        assert_eq!(next_round(&deps, &needs, &[false; 3], &[false]), [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_dependent_listed_before_a_held_resource_is_held_too() {
+        // 0 depends on 1, which reads link 0's data: the fixed point holds 0 as well.
+        let deps = vec![vec![1], vec![]];
+        let needs = vec![vec![], vec![0]];
+        assert!(next_round(&deps, &needs, &[false; 2], &[false]).is_empty());
+    }
+
+    #[test]
+    fn a_resource_waiting_on_its_own_link_is_named() {
+        let links = vec![link("env", "config", Action::Create)];
+        let mk = |name: &str| super::super::plan::PlannedResource {
+            name: name.into(),
+            resource_type: "t".into(),
+            action: Action::Create,
+            fields: Vec::new(),
+            reason: String::new(),
+            depends_on: Vec::new(),
+        };
+        let (env, config) = (mk("env"), mk("config"));
+        let applies = vec![&env, &config];
+        let message = waits_on_itself(&applies, &[vec![], vec![0]], &[true, false], &links);
+        assert!(
+            message.contains("`config` reads ${link(env, config)}"),
+            "{message}"
+        );
+        assert!(!message.contains("`env`"), "{message}");
+    }
 }

@@ -681,7 +681,7 @@ pub fn include_at_plan(
 ) -> Result<IncludeAtPlan, String> {
     let inc = &prepared.blueprint.include[i];
     let name = &inc.name.value;
-    let link = |a: &str, b: &str| link_of(prepared, a, b);
+    let link = |a: &str, b: &str| super::prepare::link_value(&prepared.link_data, a, b);
     let env = Env {
         cwd: &prepared.cwd,
         now_unix_nanos: prepared.now_unix_nanos,
@@ -725,15 +725,6 @@ pub fn include_at_plan(
         out.variables.push((key.name.clone(), text));
     }
     Ok(out)
-}
-
-/// The recorded data of the link between `a` and `b` (either way round), unknown until then.
-fn link_of(prepared: &Prepared, a: &str, b: &str) -> Value {
-    let data = &prepared.link_data;
-    data.get(&(a.to_owned(), b.to_owned()))
-        .or_else(|| data.get(&(b.to_owned(), a.to_owned())))
-        .cloned()
-        .unwrap_or(Value::Unknown)
 }
 
 /// Stand-in `--var` inputs for the variables of a child known only after deploy, so its
@@ -797,12 +788,7 @@ pub fn forget_variables(prepared: &mut Prepared, names: &[String], plugins: &Plu
             .insert(n.clone(), Value::Unknown);
     }
     let data = prepared.link_data.clone();
-    let link = |a: &str, b: &str| {
-        data.get(&(a.to_owned(), b.to_owned()))
-            .or_else(|| data.get(&(b.to_owned(), a.to_owned())))
-            .cloned()
-            .unwrap_or(Value::Unknown)
-    };
+    let link = |a: &str, b: &str| super::prepare::link_value(&data, a, b);
     let cwd = prepared.cwd.clone();
     let env = Env {
         cwd: &cwd,

@@ -207,6 +207,56 @@ impl Prepared {
         diags.items
     }
 
+    /// The `(a, b)` of every `${link(a, b)}` that resource entry `idx` evaluates, in its own
+    /// fields or in the values it reads (through other values too), where both resources are
+    /// named literally (a bare name or a string). What a resource must wait for before its
+    /// spec can be known.
+    pub fn link_reads(&self, idx: usize) -> Vec<(String, String)> {
+        use crate::subst::{ExprKind, Literal, Template};
+        let Some(&t) = self.templates.get(&self.evaluation.resources[idx].template) else {
+            return Vec::new();
+        };
+        let mut templates: Vec<&Template> = Vec::new();
+        self.blueprint.resources[t].element_templates(&mut |x| templates.push(x));
+        // The values the resource reads, and the values those read.
+        let mut seen = vec![false; self.graph.nodes.len()];
+        let mut stack = vec![self.graph.index(NodeRef::Resource(t))];
+        while let Some(n) = stack.pop() {
+            for &(to, _) in &self.graph.edges[n] {
+                if let NodeRef::Value(v) = self.graph.nodes[to]
+                    && !std::mem::replace(&mut seen[to], true)
+                {
+                    templates.extend(self.blueprint.values[v].value.as_ref());
+                    stack.push(to);
+                }
+            }
+        }
+        let mut pairs = Vec::new();
+        for template in templates {
+            for sub in template.substitutions() {
+                sub.expr.walk(&mut |e| {
+                    let ExprKind::Call { name, args, .. } = &e.kind else {
+                        return;
+                    };
+                    if name.text != "link" || args.len() != 2 {
+                        return;
+                    }
+                    let named = |i: usize| match &args[i].value.kind {
+                        ExprKind::Resource { name, path, .. } if path.is_empty() => {
+                            Some(name.text.clone())
+                        }
+                        ExprKind::Lit(Literal::Str(s)) => Some(s.clone()),
+                        _ => None,
+                    };
+                    if let (Some(a), Some(b)) = (named(0), named(1)) {
+                        pairs.push((a, b));
+                    }
+                });
+            }
+        }
+        pairs
+    }
+
     /// Records the links in `state` for `${link(a, b)}`.
     pub fn read_links(&mut self, state: &crate::state::InstanceState) {
         self.link_data = state
@@ -485,7 +535,7 @@ impl Prepared {
 
 /// The recorded data of the link between `a` and `b` (either way round); unknown until the
 /// link is deployed.
-fn link_value(
+pub(super) fn link_value(
     data: &std::collections::HashMap<(String, String), Value>,
     a: &str,
     b: &str,
