@@ -255,6 +255,10 @@ pub struct ReadState {
     /// The spec as it is now (compared with the applied spec for drift).
     pub spec: Value,
     pub state: Value,
+    /// The resource's id, when the provider can tell it. The engine asks without an id after
+    /// a crash cut a create short (`current.external_id` is empty) and records this one;
+    /// `None` answers with the id the engine sent.
+    pub external_id: Option<String>,
 }
 
 /// A resource type. `create`, `update` and `destroy` are required; the rest

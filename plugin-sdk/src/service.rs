@@ -757,6 +757,11 @@ impl ProviderRpc for ProviderSvc {
     ) -> Reply<pb::ReadResourceResponse> {
         let req = request.into_inner();
         let (ctx, _guard) = self.0.calls.context(req.context, None);
+        let sent_id = req
+            .current
+            .as_ref()
+            .map(|c| c.external_id.clone())
+            .unwrap_or_default();
         let r: Result<(Option<ReadState>, &Schema)> =
             match req.current.map(ResourceState::from_proto) {
                 None => Err(PluginError::bad_input(
@@ -781,6 +786,7 @@ impl ProviderRpc for ProviderSvc {
                 spec: Some(ProviderCore::mark(schema, rs.spec).to_proto()),
                 state: Some(ProviderCore::mark(schema, rs.state).to_proto()),
                 error: None,
+                external_id: rs.external_id.unwrap_or(sent_id),
             },
             Ok((None, _)) => pb::ReadResourceResponse::default(),
             Err(e) => pb::ReadResourceResponse {

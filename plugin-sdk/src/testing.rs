@@ -465,6 +465,7 @@ impl Harness {
         let found = r.exists.then(|| ReadState {
             spec: value(r.spec),
             state: value(r.state),
+            external_id: (!r.external_id.is_empty()).then_some(r.external_id),
         });
         err_or(r.error, found)
     }

@@ -294,6 +294,7 @@ impl Resource for Sink {
         Ok(Some(ReadState {
             spec: current.spec.clone(),
             state: Value::map().with("password", "from-read"),
+            external_id: None,
         }))
     }
 }

@@ -368,6 +368,7 @@ impl Resource for Directory {
         Ok(Some(ReadState {
             spec,
             state: state(id, created, &recorded_parents(current)),
+            external_id: Some(id.to_owned()),
         }))
     }
 }

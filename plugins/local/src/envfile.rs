@@ -506,6 +506,7 @@ impl Resource for EnvFile {
         Ok(Some(ReadState {
             spec,
             state: Value::map().with("id", path_str(&path)?),
+            external_id: Some(path_str(&path)?.to_owned()),
         }))
     }
 }

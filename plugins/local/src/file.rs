@@ -274,6 +274,7 @@ impl Resource for File {
     async fn read(&self, ctx: &Context, current: &ResourceState) -> Result<Option<ReadState>> {
         let base = Base::from_ctx(ctx)?;
         let path = existing_path(&base, current)?;
+        let id = path_str(&path)?.to_owned();
         let Some(disk) = blocking(move || read_disk(&path)).await? else {
             return Ok(None);
         };
@@ -298,6 +299,7 @@ impl Resource for File {
         Ok(Some(ReadState {
             spec,
             state: state(disk.sha, disk.size, sensitive),
+            external_id: Some(id),
         }))
     }
 }

@@ -201,6 +201,7 @@ impl Resource for RandomSecret {
         Ok(Some(ReadState {
             spec: current.spec.clone(),
             state: current.state.clone(),
+            external_id: Some(id(&current.name)),
         }))
     }
 }

@@ -550,7 +550,8 @@ async fn random_secret_is_stable() {
         h.read(&st2).await.expect("read"),
         Some(ReadState {
             spec: st2.spec.clone(),
-            state: st2.state.clone()
+            state: st2.state.clone(),
+            external_id: Some(st2.external_id.clone()),
         })
     );
 

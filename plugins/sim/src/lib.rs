@@ -361,7 +361,7 @@ impl Resource for SimResource {
 
     async fn create(&self, ctx: &Context, req: &CreateRequest) -> Result<Applied> {
         self.simulate(ctx, &req.name, Op::Create, &req.spec).await?;
-        journal(&req.name);
+        journal("created", &req.name);
         Ok(Applied::new(
             sim_id(&req.name),
             state_of(&req.name, &req.spec),
@@ -378,34 +378,41 @@ impl Resource for SimResource {
 
     async fn destroy(&self, ctx: &Context, current: &ResourceState) -> Result<()> {
         self.simulate(ctx, &current.name, Op::Destroy, &current.spec)
-            .await
+            .await?;
+        journal("destroyed", &current.name);
+        Ok(())
     }
 
     fn supports_read(&self) -> bool {
         true
     }
 
-    /// Sim resources never drift: the state is what was applied.
+    /// Sim resources never drift: the state is what was applied. With a journal, a resource
+    /// it does not show as created (a create that never ran, or one destroyed) is missing.
     async fn read(&self, ctx: &Context, current: &ResourceState) -> Result<Option<ReadState>> {
         let knobs = Knobs::read(&current.spec())?;
         ctx.sleep(knobs.latency).await?;
+        if journaled(&current.name) == Some(false) {
+            return Ok(None);
+        }
         Ok(Some(ReadState {
             spec: current.spec.clone(),
             state: state_of(&current.name, &current.spec),
+            external_id: Some(sim_id(&current.name)),
         }))
     }
 }
 
-/// Appends `created <name>` to the file named by `TRELLIS_SIM_JOURNAL`, when set: what the
-/// plugin created, independent of the engine's state, so crash tests can check that the engine
-/// recorded everything (see README.md).
-fn journal(name: &str) {
+/// Appends `created <name>` or `destroyed <name>` to the file named by `TRELLIS_SIM_JOURNAL`,
+/// when set: what the plugin did, independent of the engine's state, so crash tests can check
+/// that the engine recorded everything (see README.md).
+fn journal(what: &str, name: &str) {
     use std::io::Write;
     let Some(path) = std::env::var_os("TRELLIS_SIM_JOURNAL") else {
         return;
     };
     // One write per line with O_APPEND: lines from concurrent calls never interleave.
-    let line = format!("created {name}\n");
+    let line = format!("{what} {name}\n");
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -417,6 +424,18 @@ fn journal(name: &str) {
             path.to_string_lossy()
         );
     }
+}
+
+/// Whether the journal shows `name` as existing (its last entry is `created`); `None` without
+/// a journal. A journal that cannot be read shows nothing as existing.
+fn journaled(name: &str) -> Option<bool> {
+    let path = std::env::var_os("TRELLIS_SIM_JOURNAL")?;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let last = text.lines().rev().find_map(|l| {
+        let (what, n) = l.split_once(' ')?;
+        (n == name).then_some(what)
+    });
+    Some(last == Some("created"))
 }
 
 /// `echo(value)`: returns its argument, for call round-trip benchmarks.
