@@ -165,7 +165,7 @@ fn expansion_json(ev: &Evaluation) -> String {
                 "type": x.ty,
                 "exists": exists,
                 "spec": render::to_json(ev.display_spec(x)),
-                "metadata": render::to_json(ev.metadata(x)),
+                "metadata": render::to_json(ev.display_metadata(x)),
             })
         })
         .collect();

@@ -22,5 +22,7 @@ pub mod serve;
 pub mod source;
 pub mod state;
 pub mod subst;
+#[cfg(test)]
+mod test_dir;
 pub mod transform;
 pub mod validate;

@@ -57,6 +57,7 @@ pub fn resolve(
     path: &str,
     files: &[(String, Vec<u8>)],
     allowed_roots: &[PathBuf],
+    max_input_size: usize,
     fetch: &dyn Fn(&IncludeUrl) -> Result<Vec<u8>, String>,
 ) -> Result<(String, Vec<u8>), String> {
     let url = if remote::is_remote(path) {
@@ -89,16 +90,14 @@ pub fn resolve(
              `trellis deploy` send local includes whose path is written literally"
         ));
     }
-    let canonical = Path::new(&key)
-        .canonicalize()
+    // As for path sources: the roots are checked before anything says whether the file
+    // exists, so a refusal reveals nothing outside them.
+    let resolved = super::resolve_existing(Path::new(&key))
+        .filter(|resolved| allowed_roots.iter().any(|r| resolved.starts_with(r)))
+        .ok_or_else(|| format!("`{key}` is not under a root the engine allows (--allow-path)"))?;
+    let content = super::read_path_source(Path::new(&key), &resolved, max_input_size)
         .map_err(|e| format!("`{key}`: {e}"))?;
-    if !allowed_roots.iter().any(|r| canonical.starts_with(r)) {
-        return Err(format!(
-            "`{key}` is not under a root the engine allows (--allow-path)"
-        ));
-    }
-    let content = std::fs::read(&canonical).map_err(|e| format!("`{key}`: {e}"))?;
-    Ok((canonical.display().to_string(), content))
+    Ok((resolved.display().to_string(), content))
 }
 
 #[cfg(test)]
@@ -120,7 +119,7 @@ mod tests {
     #[test]
     fn children_resolve_relative_to_their_parent() {
         let resolve = |parent: &str, path: &str, files: &[(String, Vec<u8>)], roots: &[PathBuf]| {
-            super::resolve(parent, path, files, roots, &no_fetch)
+            super::resolve(parent, path, files, roots, 1 << 20, &no_fetch)
         };
         let files = vec![
             ("app.yaml".to_owned(), b"root".to_vec()),
@@ -143,6 +142,15 @@ mod tests {
         // Absolute paths need an allowed root.
         let denied = resolve("app.yaml", "/etc/hostname", &files, &[]).unwrap_err();
         assert!(denied.contains("--allow-path"), "{denied}");
+        // Outside the roots, a file that exists and one that does not get the same answer.
+        let root = std::env::temp_dir().canonicalize().unwrap();
+        let roots = [root.join("trellis-no-such-root")];
+        let exists = resolve("app.yaml", "/etc/hostname", &files, &roots).unwrap_err();
+        let absent = resolve("app.yaml", "/etc/no-such-file", &files, &roots).unwrap_err();
+        assert_eq!(
+            exists.replace("/etc/hostname", "X"),
+            absent.replace("/etc/no-such-file", "X")
+        );
     }
 
     #[test]
@@ -158,6 +166,7 @@ mod tests {
             "https://Bp.Example:8443/a/child.yaml?token=t",
             &files,
             &[],
+            1 << 20,
             &fetch,
         )
         .unwrap();
@@ -165,17 +174,22 @@ mod tests {
         assert_eq!(content, b"from https://bp.example:8443/a/child.yaml");
         // Inside the fetched child, `child.yaml` is next to it on the server, never the
         // request's file of that name.
-        let (name, _) = resolve(&name, "./child.yaml", &files, &[], &fetch).unwrap();
+        let (name, _) = resolve(&name, "./child.yaml", &files, &[], 1 << 20, &fetch).unwrap();
         assert_eq!(name, "https://bp.example:8443/a/child.yaml");
-        let (name, _) = resolve(&name, "../b/db.yaml", &files, &[], &fetch).unwrap();
+        let (name, _) = resolve(&name, "../b/db.yaml", &files, &[], 1 << 20, &fetch).unwrap();
         assert_eq!(name, "https://bp.example:8443/b/db.yaml");
-        let abs = resolve(&name, "/etc/passwd", &files, &[], &fetch).unwrap_err();
+        let abs = resolve(&name, "/etc/passwd", &files, &[], 1 << 20, &fetch).unwrap_err();
         assert!(abs.contains("absolute"), "{abs}");
         assert_eq!(fetched.borrow().len(), 3);
         // The fetcher's refusal is the error.
-        let refused = resolve("app.yaml", "https://x.example/c.yaml", &files, &[], &|u| {
-            Err(format!("{u}: not allowed"))
-        })
+        let refused = resolve(
+            "app.yaml",
+            "https://x.example/c.yaml",
+            &files,
+            &[],
+            1 << 20,
+            &|u| Err(format!("{u}: not allowed")),
+        )
         .unwrap_err();
         assert_eq!(refused, "https://x.example/c.yaml: not allowed");
         assert_eq!(normalize("https://h/a/b.yaml"), "https://h/a/b.yaml");

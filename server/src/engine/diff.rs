@@ -1,7 +1,8 @@
 //! Field-level differences between a resource's recorded spec and its planned one.
 //!
 //! The planner calls [`diff_spec`] for every resource: the recorded spec is the
-//! JSON last applied (secrets included), the new spec is what evaluation
+//! JSON last applied as stored (secrets included, each inside its
+//! `{"$sensitive": ..}` mark), the new spec is what evaluation
 //! produced, possibly with [`Value::Unknown`] where a value is only known after
 //! deploy. The result is a list of [`FieldChange`]s, each at a path such as
 //! `spec.environment.variables["A.B"]`, saying what is shown before and after
@@ -17,6 +18,7 @@
 use serde_json::Value as Json;
 use trellis_proto::plugin::v1::Schema;
 
+use super::state_values;
 use crate::eval::render::SENSITIVE_TEXT;
 use crate::eval::value::Value;
 
@@ -122,9 +124,21 @@ impl RecreatePaths {
 /// came from a secret). Values are compared unmasked, so a changed secret is
 /// reported, but shown as [`Shown::Sensitive`] on both sides.
 ///
-/// Known gap: a removed field is shown as recorded, because nothing says
-/// whether it came from a secret.
+/// `previous` is the stored spec, secret marks included: a recorded value that
+/// is or holds a secret is compared by its content but shown as
+/// [`Shown::Sensitive`], whether it changed or was removed.
 pub fn diff_spec(
+    previous: Option<&serde_json::Value>,
+    new: &Value,
+    masked: Option<&Value>,
+    recreate: &RecreatePaths,
+) -> Vec<FieldChange> {
+    diff_at("spec", previous, new, masked, recreate)
+}
+
+/// [`diff_spec`] for a value at another `root` path, such as `metadata.annotations`.
+pub fn diff_at(
+    root: &str,
     previous: Option<&serde_json::Value>,
     new: &Value,
     masked: Option<&Value>,
@@ -132,7 +146,8 @@ pub fn diff_spec(
 ) -> Vec<FieldChange> {
     let mut differ = Differ {
         recreate,
-        path: "spec".to_owned(),
+        path: root.to_owned(),
+        in_secret: false,
         out: Vec::new(),
     };
     match (previous, new) {
@@ -167,6 +182,8 @@ pub fn to_json(v: &Value) -> Option<serde_json::Value> {
 struct Differ<'a> {
     recreate: &'a RecreatePaths,
     path: String,
+    /// The walk is inside a recorded secret: nothing recorded below is shown.
+    in_secret: bool,
     out: Vec<FieldChange>,
 }
 
@@ -189,6 +206,12 @@ impl Differ<'_> {
 
     /// Compares a field present on both sides.
     fn node(&mut self, previous: &Json, new: &Value, masked: Option<&Value>) {
+        if let Some(inner) = state_values::sensitive_inner(previous) {
+            let outer = std::mem::replace(&mut self.in_secret, true);
+            self.node(inner, new, masked);
+            self.in_secret = outer;
+            return;
+        }
         match (previous, new) {
             (Json::Object(old_fields), Value::Map(new_fields)) => {
                 for (key, value) in new_fields {
@@ -244,7 +267,7 @@ impl Differ<'_> {
         let must_recreate = self.recreate.affects(&self.path, Some(previous), None);
         self.out.push(FieldChange {
             path: self.path.clone(),
-            previous: Some(Shown::Value(previous.clone())),
+            previous: Some(self.recorded(previous)),
             new: None,
             must_recreate,
         });
@@ -258,7 +281,7 @@ impl Differ<'_> {
         let (previous, new) = if masks_secret(new, masked) {
             (Shown::Sensitive, Shown::Sensitive)
         } else {
-            (Shown::Value(previous.clone()), show(new, masked))
+            (self.recorded(previous), show(new, masked))
         };
         self.out.push(FieldChange {
             path: self.path.clone(),
@@ -266,6 +289,18 @@ impl Differ<'_> {
             new: Some(new),
             must_recreate,
         });
+    }
+}
+
+impl Differ<'_> {
+    /// How a recorded value is shown: never when it is, holds or lies inside a
+    /// secret.
+    fn recorded(&self, previous: &Json) -> Shown {
+        if self.in_secret || state_values::holds_secret(previous) {
+            Shown::Sensitive
+        } else {
+            Shown::Value(previous.clone())
+        }
     }
 }
 
@@ -325,6 +360,9 @@ fn child_by_index(masked: Option<&Value>, index: usize) -> Option<&Value> {
 /// numbers compare by value (a `1.0` recorded in JSON may come back as `1`).
 /// Unknown and function values are never equal to anything recorded.
 fn equal(previous: &Json, new: &Value) -> bool {
+    if let Some(inner) = state_values::sensitive_inner(previous) {
+        return equal(inner, new);
+    }
     match (previous, new) {
         (Json::Null, Value::Null) => true,
         (Json::Bool(a), Value::Bool(b)) => a == b,
@@ -430,6 +468,9 @@ fn collect_recreate(schema: &Schema, path: &mut Vec<Seg>, out: &mut Vec<Vec<Seg>
 
 /// Whether the recorded value has something at `below` (relative to itself).
 fn json_reaches(v: &Json, below: &[Seg]) -> bool {
+    if let Some(inner) = state_values::sensitive_inner(v) {
+        return json_reaches(inner, below);
+    }
     let Some((first, rest)) = below.split_first() else {
         return true;
     };
@@ -781,6 +822,40 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    /// A secret recorded in state (inside its `$sensitive` mark) is never shown: not when it
+    /// is removed, not when the field becomes a plain value, not inside a removed subtree.
+    #[test]
+    fn recorded_secrets_are_never_shown() {
+        let old = "hunter1-old-secret";
+        let previous = json!({
+            "token": {"$sensitive": old},
+            "password": {"$sensitive": old},
+            "kept": {"$sensitive": old},
+            "env": {"DB": {"$sensitive": format!("postgres://{old}@db")}, "A": "1"},
+            "plain": "p",
+        });
+        let new = val(json!({"password": "now-plain", "kept": old, "plain": "p"}));
+        let changes = diff_spec(Some(&previous), &new, None, &RecreatePaths::default());
+        let s = Some(Shown::Sensitive);
+        assert_eq!(
+            changes,
+            vec![
+                // Changed from a secret to a plain value: the new value is not secret.
+                change("spec.password", s.clone(), shown(json!("now-plain"))),
+                change("spec.token", s.clone(), None),
+                // A removed subtree holding a secret is masked whole.
+                change("spec.env", s, None),
+            ]
+        );
+        let debug = format!("{changes:?}");
+        assert!(!debug.contains("hunter"), "secret leaked: {debug}");
+        // The mark is not part of the value: the same secret is no change.
+        assert!(unchanged(
+            &json!({"k": {"$sensitive": "x"}}),
+            &val(json!({"k": "x"}))
+        ));
     }
 
     #[test]

@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 use trellis_proto::plugin::v1::{Schema, SchemaType};
 
 use super::diff::{self, FieldChange};
@@ -80,10 +80,10 @@ pub fn drift_fields(
     let plain = state_values::unwrap(recorded);
     let observed_plain = state_values::unwrap(observed);
     let new = Value::from_json(&observed_plain);
-    let masked =
-        (has_secret(recorded) || has_secret(observed)).then(|| mask(observed, Some(recorded)));
+    let masked = (state_values::holds_secret(recorded) || state_values::holds_secret(observed))
+        .then(|| mask(observed, Some(recorded)));
     let mut fields = diff::diff_spec(
-        Some(&plain),
+        Some(recorded),
         &new,
         masked.as_ref(),
         &diff::RecreatePaths::default(),
@@ -112,23 +112,10 @@ pub fn at_or_under(path: &str, owned: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
 }
 
-/// The secret wrapper of stored values (`state_values`): `{"$sensitive": v}`.
-fn is_wrapper(o: &Map<String, Json>) -> bool {
-    o.len() == 1 && o.contains_key("$sensitive")
-}
-
-fn has_secret(v: &Json) -> bool {
-    match v {
-        Json::Object(o) => is_wrapper(o) || o.values().any(has_secret),
-        Json::Array(items) => items.iter().any(has_secret),
-        _ => false,
-    }
-}
-
 /// `observed` as the diff's masked copy: `(sensitive)` wherever it, or the recorded value at
 /// the same place, is secret.
 fn mask(observed: &Json, recorded: Option<&Json>) -> Value {
-    let secret = |v: Option<&Json>| matches!(v, Some(Json::Object(o)) if is_wrapper(o));
+    let secret = |v: Option<&Json>| v.and_then(state_values::sensitive_inner).is_some();
     if secret(Some(observed)) || secret(recorded) {
         return Value::Str(SENSITIVE_TEXT.to_owned());
     }
@@ -342,6 +329,13 @@ mod tests {
         let recorded = json!({"path": "/e", "values": {"K": "v"}});
         let observed = json!({"path": "/e", "values": {"K": {"$sensitive": "v"}}});
         assert!(drift_fields(&recorded, &observed, &[], Some(&s)).is_empty());
+        // A recorded secret the provider no longer reports is drift, and stays hidden.
+        let recorded = json!({"path": "/e", "values": {"TOKEN": {"$sensitive": "hunter2"}}});
+        let observed = json!({"path": "/e", "values": {}});
+        let fields = drift_fields(&recorded, &observed, &[], Some(&s));
+        assert_eq!(paths(&fields), ["spec.values.TOKEN"]);
+        assert_eq!(fields[0].previous, Some(diff::Shown::Sensitive));
+        assert!(!format!("{fields:?}").contains("hunter2"));
     }
 
     #[test]

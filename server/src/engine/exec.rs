@@ -36,6 +36,8 @@ pub struct RunContext {
     /// Stop starting new work (cancel, drain, lost lease); calls in flight finish.
     pub stop: CancellationToken,
     pub rt: Handle,
+    /// The per-resource locks of link calls (see [`LinkLocks`]).
+    pub link_locks: LinkLocks,
 }
 
 /// How a run ended.
@@ -671,7 +673,7 @@ pub fn deploy(
         for dep in &p.depends_on {
             if let (Some(state), Some(d)) = (fresh.get(dep), prepared.find(dep)) {
                 let slot = prepared.evaluation.resources[d].instance;
-                prepared.evaluation.instances[slot].state = Some(state_values::to_eval(state));
+                state_values::set_state(&mut prepared.evaluation.instances[slot], Some(state));
             }
         }
         let found = prepared.reevaluate(idx, plugins);
@@ -695,7 +697,7 @@ pub fn deploy(
             .masked_spec
             .as_ref();
         let spec = state_values::eval_to_stored(spec_value, masked);
-        let metadata = state_values::eval_to_json(prepared.evaluation.metadata(x));
+        let metadata = super::plan::stored_metadata(prepared, idx);
         let depends_on = p.depends_on.clone();
         let create = |spec, depends_on, metadata| Apply::Create {
             name: p.name.clone(),
@@ -1091,7 +1093,62 @@ pub async fn reconcile_one(
         async move { create(&ctx, &r).await.map(drop) }
     };
     match r.status {
-        // The create may or may not have happened: the provider's idempotent apply settles it.
+        // Accept: the create may or may not have happened, so ask the provider and record what
+        // exists (as planned, unless it reports another spec), or forget what does not.
+        S::CreateRequested if accept => {
+            // No id was recorded (the answer never came): the provider is asked by the
+            // resource's name and spec, as its idempotent create would find it.
+            let asked = Target {
+                external_id: Some(r.external_id.clone().unwrap_or_default()),
+                ..target(&inst, r)
+            };
+            let observed = ctx.provisioner.read(&asked).await.map_err(|f| f.message)?;
+            let (changes, event) = match observed {
+                // The intent settles as a failed create, which is then forgotten.
+                super::provision::Observed::Missing => (
+                    vec![
+                        Change::ResourceFailed {
+                            name: r.name.clone(),
+                            reason: "its create did not happen".into(),
+                        },
+                        Change::ResourceRemoved {
+                            name: r.name.clone(),
+                        },
+                    ],
+                    NewEvent::new(
+                        "resource.forgotten",
+                        json!({ "resource": r.name, "reason": "its create did not happen" }),
+                    ),
+                ),
+                super::provision::Observed::Exists {
+                    spec,
+                    state,
+                    external_id,
+                } => {
+                    let drifted = drifted(ctx, r, &spec).await?;
+                    let mut changes = vec![Change::ResourceCreated {
+                        name: r.name.clone(),
+                        external_id,
+                        state: state.clone(),
+                    }];
+                    if drifted {
+                        changes.extend(record_as_found(r, spec, state));
+                    }
+                    (
+                        changes,
+                        NewEvent::new(
+                            "resource.accepted",
+                            json!({ "resource": r.name, "type": r.resource_type }),
+                        ),
+                    )
+                }
+            };
+            ctx.commit(changes, vec![event])
+                .await
+                .map(drop)
+                .map_err(fail)
+        }
+        // Reapply: the provider's idempotent apply settles an unfinished create.
         S::CreateRequested | S::CreateFailed => {
             if accept && r.status == S::CreateFailed {
                 ctx.commit(
@@ -1151,11 +1208,8 @@ pub async fn reconcile_one(
                     .map_err(fail)?;
                     recreate(ctx).await
                 }
-                super::provision::Observed::Exists { spec, state } => {
-                    let state_now = ctx.store.load_state(&inst).await.map_err(fail)?;
-                    let checker =
-                        super::drift::Checker::load(ctx.provisioner.as_ref(), &state_now).await;
-                    let drifted = !checker.fields(r, &spec).is_empty();
+                super::provision::Observed::Exists { spec, state, .. } => {
+                    let drifted = drifted(ctx, r, &spec).await?;
                     let unsettled = matches!(r.status, S::UpdateRequested | S::UpdateFailed);
                     if !drifted && !unsettled {
                         return Ok(());
@@ -1170,17 +1224,7 @@ pub async fn reconcile_one(
                                 reason: "settled by reconcile".into(),
                             });
                         }
-                        changes.push(Change::IntendUpdate {
-                            name: r.name.clone(),
-                            spec,
-                            depends_on: r.depends_on.clone(),
-                            metadata: r.metadata.clone(),
-                        });
-                        changes.push(Change::ResourceUpdated {
-                            name: r.name.clone(),
-                            external_id: None,
-                            state,
-                        });
+                        changes.extend(record_as_found(r, spec, state));
                         ctx.commit(
                             changes,
                             vec![NewEvent::new(
@@ -1212,8 +1256,80 @@ pub async fn reconcile_one(
     }
 }
 
+/// Whether the spec a provider reports for `r` is drift from its recorded one (link-owned
+/// fields and fields the blueprint does not set left out).
+async fn drifted(ctx: &RunContext, r: &Resource, observed: &Json) -> Result<bool, String> {
+    let state = ctx
+        .store
+        .load_state(&ctx.operation.instance_id)
+        .await
+        .map_err(|e| format!("state store: {e}"))?;
+    let checker = super::drift::Checker::load(ctx.provisioner.as_ref(), &state).await;
+    Ok(!checker.fields(r, observed).is_empty())
+}
+
+/// The changes that record a resource as its provider reports it (reconcile accept): an
+/// update to the observed spec, already done.
+fn record_as_found(r: &Resource, spec: Json, state: Json) -> [Change; 2] {
+    [
+        Change::IntendUpdate {
+            name: r.name.clone(),
+            spec,
+            depends_on: r.depends_on.clone(),
+            metadata: r.metadata.clone(),
+        },
+        Change::ResourceUpdated {
+            name: r.name.clone(),
+            external_id: None,
+            state,
+        },
+    ]
+}
+
 fn annotations(metadata: &Json) -> Json {
     metadata.get("annotations").cloned().unwrap_or(Json::Null)
+}
+
+/// A lock per resource for an operation's link calls. Deploy applies links one at a time, but
+/// destroys run in parallel and each first removes the links of its resource: without these,
+/// two removals touching one resource (two files linked to one env file) would run at once,
+/// and the destroys of both ends could remove the same link twice. Per resource rather than
+/// one lock per run, so links of unrelated resources are still removed in parallel. Per
+/// operation, since an instance runs one operation at a time; entries go once no call holds or
+/// awaits them.
+#[derive(Default)]
+pub struct LinkLocks(Mutex<HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>>);
+
+/// Locks both ends of a link, in name order: every call takes its locks in the same order, so
+/// two calls never wait on each other.
+async fn lock_link_ends(
+    locks: &LinkLocks,
+    a: &str,
+    b: &str,
+) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+    let mut ends = vec![a, b];
+    ends.sort_unstable();
+    ends.dedup();
+    let locks: Vec<Arc<tokio::sync::Mutex<()>>> = {
+        let mut map = locks.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, lock| lock.strong_count() > 0);
+        ends.iter()
+            .map(|name| {
+                map.get(*name)
+                    .and_then(std::sync::Weak::upgrade)
+                    .unwrap_or_else(|| {
+                        let lock = Arc::new(tokio::sync::Mutex::new(()));
+                        map.insert((*name).to_owned(), Arc::downgrade(&lock));
+                        lock
+                    })
+            })
+            .collect()
+    };
+    let mut guards = Vec::with_capacity(locks.len());
+    for lock in locks {
+        guards.push(lock.lock_owned().await);
+    }
+    guards
 }
 
 /// Runs one link through its provider and records it (or its removal) with its event.
@@ -1227,6 +1343,9 @@ pub async fn apply_link(
 ) -> Result<(), String> {
     let inst = ctx.operation.instance_id.clone();
     let fail = |e: StateError| format!("state store: {e}");
+    // Held across the state read, the provider call and the record: the next call on either
+    // end sees this one's outcome (a link already removed is not removed again).
+    let _ends = lock_link_ends(&ctx.link_locks, a, b).await;
     let state = ctx.store.load_state(&inst).await.map_err(fail)?;
     let (Some(ra), Some(rb)) = (state.resource(a), state.resource(b)) else {
         if update == LinkUpdate::Destroy {
@@ -1341,7 +1460,8 @@ async fn unlink_all(ctx: &RunContext, name: &str) -> Result<(), String> {
 }
 
 /// Applies the planned links of one kind, one at a time: links that touch the same resource
-/// never race, whatever the provider does with it.
+/// never race, whatever the provider does with it (destroys, which run in parallel, rely on
+/// the per-resource locks of [`apply_link`] instead).
 pub fn run_links(
     ctx: &Arc<RunContext>,
     links: &[PlannedLink],
@@ -1381,6 +1501,36 @@ mod tests {
             provider: "p".into(),
             action,
         }
+    }
+
+    #[test]
+    fn link_calls_sharing_a_resource_wait_for_each_other() {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        let mut cx = Context::from_waker(Waker::noop());
+        let locks = LinkLocks::default();
+        let mut first = Box::pin(lock_link_ends(&locks, "env", "a"));
+        let Poll::Ready(first) = first.as_mut().poll(&mut cx) else {
+            panic!("nothing holds these locks yet");
+        };
+        // Another link of `env` (listed the other way round) waits...
+        let mut second = Box::pin(lock_link_ends(&locks, "b", "env"));
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        // ...links of other resources, or another operation's `env`, do not.
+        assert!(
+            Box::pin(lock_link_ends(&locks, "x", "y"))
+                .as_mut()
+                .poll(&mut cx)
+                .is_ready()
+        );
+        assert!(
+            Box::pin(lock_link_ends(&LinkLocks::default(), "env", "a"))
+                .as_mut()
+                .poll(&mut cx)
+                .is_ready()
+        );
+        drop(first);
+        assert!(second.as_mut().poll(&mut cx).is_ready());
     }
 
     #[test]

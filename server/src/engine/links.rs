@@ -89,38 +89,41 @@ pub fn add_hard_link_order(prepared: &mut Prepared, links: &[WantedLink]) {
 
 /// What happens to each link: new ones are created, existing ones updated when an end
 /// changes (created again when an end is recreated: its removal took the link with it),
-/// and links in state the blueprint no longer selects are removed.
+/// and links in state the blueprint no longer selects are removed. A link whose last
+/// application failed (or never finished) is applied again even when its ends stay as they
+/// are: otherwise nothing would ever retry it.
 pub fn plan_links(
     wanted: &[WantedLink],
     current: &InstanceState,
     resources: &[PlannedResource],
 ) -> Vec<PlannedLink> {
+    use crate::state::LinkStatus as S;
     let action_of: HashMap<&str, Action> = resources
         .iter()
         .map(|r| (r.name.as_str(), r.action))
         .collect();
-    let existing: HashSet<(&str, &str)> = current
+    let existing: HashMap<(&str, &str), S> = current
         .links
         .iter()
-        .map(|l| (l.resource_a.as_str(), l.resource_b.as_str()))
+        .map(|l| ((l.resource_a.as_str(), l.resource_b.as_str()), l.status))
         .collect();
     let mut out = Vec::new();
     let mut keep: HashSet<(&str, &str)> = HashSet::new();
     for w in wanted {
         keep.insert((w.a.as_str(), w.b.as_str()));
         let ends = [action_of.get(w.a.as_str()), action_of.get(w.b.as_str())];
-        // A recreated end took the link with it: it is created again.
-        let action = if !existing.contains(&(w.a.as_str(), w.b.as_str()))
-            || ends.contains(&Some(&Action::Recreate))
-        {
-            Action::Create
-        } else if ends
+        let end_changes = ends
             .iter()
-            .any(|a| matches!(a, Some(Action::Update | Action::Create)))
-        {
-            Action::Update
-        } else {
-            Action::NoChange
+            .any(|a| matches!(a, Some(Action::Update | Action::Create)));
+        let action = match existing.get(&(w.a.as_str(), w.b.as_str())) {
+            None => Action::Create,
+            // A recreated end took the link with it: it is created again.
+            Some(_) if ends.contains(&Some(&Action::Recreate)) => Action::Create,
+            // Never created: the provider is asked to create it, not to update it.
+            Some(S::CreateFailed | S::CreateRequested) => Action::Create,
+            Some(S::Created | S::Updated) if !end_changes => Action::NoChange,
+            // An end changed, or an update or removal failed half-way: applied again.
+            Some(_) => Action::Update,
         };
         out.push(PlannedLink {
             a: w.a.clone(),
@@ -490,6 +493,50 @@ mod tests {
                 // Selected no more.
                 ("env->gone".to_owned(), "DELETE"),
             ]
+        );
+    }
+
+    #[test]
+    fn links_whose_last_application_failed_are_applied_again() {
+        use crate::state::LinkStatus as S;
+        let statuses = [
+            ("created", S::Created),
+            ("updated", S::Updated),
+            ("createFailed", S::CreateFailed),
+            ("createRequested", S::CreateRequested),
+            ("updateFailed", S::UpdateFailed),
+            ("updateRequested", S::UpdateRequested),
+            ("destroyFailed", S::DestroyFailed),
+        ];
+        let want: Vec<WantedLink> = statuses.iter().map(|(b, _)| wanted("env", b)).collect();
+        let ends: Vec<(&str, &str)> = statuses.iter().map(|(b, _)| ("env", *b)).collect();
+        let mut current = state(&ends);
+        for (l, (_, status)) in current.links.iter_mut().zip(statuses) {
+            l.status = status;
+        }
+        // Both ends of every link stay as they are.
+        let mut resources = vec![planned("env", Action::NoChange)];
+        resources.extend(statuses.iter().map(|(b, _)| planned(b, Action::NoChange)));
+        assert_eq!(
+            actions(&plan_links(&want, &current, &resources)),
+            [
+                ("env->created".to_owned(), "NO_CHANGE"),
+                ("env->updated".to_owned(), "NO_CHANGE"),
+                // Never created: created again.
+                ("env->createFailed".to_owned(), "CREATE"),
+                ("env->createRequested".to_owned(), "CREATE"),
+                // Created once, then an update or a removal did not finish: applied again.
+                ("env->updateFailed".to_owned(), "UPDATE"),
+                ("env->updateRequested".to_owned(), "UPDATE"),
+                ("env->destroyFailed".to_owned(), "UPDATE"),
+            ]
+        );
+        // A failed update whose end is recreated: created, like any link of a recreated end.
+        assert_eq!(resources[5].name, "updateFailed");
+        resources[5].action = Action::Recreate;
+        assert_eq!(
+            plan_links(&want, &current, &resources)[4].action,
+            Action::Create
         );
     }
 

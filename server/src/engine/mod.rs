@@ -21,7 +21,7 @@ pub mod remote;
 pub mod state_values;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,6 +51,33 @@ struct OperationStart<'a> {
     instance_status: InstanceStatus,
     /// How many resources the operation changes, when known.
     total: Option<usize>,
+}
+
+/// What [`Engine::start_operation`] did.
+enum Started {
+    /// Recorded and marked running: the caller runs it.
+    New(Operation),
+    /// The request id already names this operation: nothing was started.
+    Existing(Operation),
+}
+
+/// A request id's turn-taking lock (see [`Engine::once`]); its map entry goes with the last
+/// holder.
+struct Starting<'a> {
+    map: &'a Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    request_id: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        // Clones are made under the map's lock: two (the map's and ours) means nobody else
+        // holds or waits for this id.
+        if Arc::strong_count(&self.lock) == 2 {
+            map.remove(&self.request_id);
+        }
+    }
 }
 
 /// The plan this engine made last, kept for its execution: rebuilding a large plan from the
@@ -170,6 +197,9 @@ pub struct Engine {
     /// again. One entry: a large blueprint's evaluation is big.
     last_planned: Mutex<Option<LastPlanned>>,
     draining: AtomicBool,
+    /// One lock per request id being started: a concurrent retry of a request waits until the
+    /// first has recorded its operation, then gets that operation instead of a lease refusal.
+    starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     rt: Handle,
 }
 
@@ -189,6 +219,97 @@ fn digest(parts: &[&str]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The blueprint file a request names by `path` (relative to `cwd`), resolved through symlinks,
+/// when it lies under one of `roots` (canonical directories). Every other path gets the same
+/// `PermissionDenied` whether it exists or not, so clients cannot probe the engine host: a path
+/// that does not exist is resolved through its longest existing prefix (a symlink there may
+/// point anywhere) and checked like the rest. Only inside a root may an answer say a file is
+/// missing.
+fn allowed_path(path: &Path, cwd: &Path, roots: &[PathBuf]) -> Result<PathBuf> {
+    let denied = || {
+        EngineError::PermissionDenied(format!(
+            "{} is not under a root the engine allows (--allow-path); send the blueprint inline",
+            path.display()
+        ))
+    };
+    if roots.is_empty() {
+        return Err(denied());
+    }
+    // `join` keeps an absolute `path` as it is.
+    match resolve_existing(&cwd.join(path)) {
+        Some(resolved) if roots.iter().any(|root| resolved.starts_with(root)) => Ok(resolved),
+        _ => Err(denied()),
+    }
+}
+
+/// Longer paths are refused before they are resolved (the kernel's own `PATH_MAX`): resolving
+/// walks the path's prefixes, which must stay cheap whatever a request holds.
+const MAX_PATH_BYTES: usize = 4096;
+
+/// An absolute `path` resolved through symlinks as far as it exists, the rest appended as it is
+/// (directories that do not exist hold no symlinks). `None` when the part that does not
+/// exist climbs with `..` (the kernel cannot leave a missing directory, and doing it on paper
+/// could step from there onto a symlink that leads out of a root), or when the path is longer
+/// than [`MAX_PATH_BYTES`].
+pub(super) fn resolve_existing(path: &Path) -> Option<PathBuf> {
+    if path.as_os_str().len() > MAX_PATH_BYTES {
+        return None;
+    }
+    let parts: Vec<Component<'_>> = path.components().collect();
+    for i in (1..=parts.len()).rev() {
+        let prefix: PathBuf = parts[..i].iter().collect();
+        if let Ok(real) = prefix.canonicalize() {
+            let rest = &parts[i..];
+            if rest.contains(&Component::ParentDir) {
+                return None;
+            }
+            // `components()` has dropped every `.` inside an absolute path already. Pushed one
+            // by one: joining an empty rest would add a trailing `/` to a file's path.
+            let mut resolved = real;
+            resolved.extend(rest);
+            return Some(resolved);
+        }
+    }
+    None
+}
+
+/// The bytes of a path source (`resolved`; `shown` as the request named it), refused before
+/// reading when it is larger than `max` (`--max-input-size`) or not a regular file.
+pub(super) fn read_path_source(shown: &Path, resolved: &Path, max: usize) -> Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let invalid = |why: String| EngineError::InvalidArgument(format!("{}: {why}", shown.display()));
+    let too_large = |size: u64| {
+        invalid(format!(
+            "the file is {size} bytes, more than the engine's limit of {max} bytes \
+             (--max-input-size, TRELLIS_MAX_INPUT_SIZE)"
+        ))
+    };
+    // Non-blocking, so that opening a FIFO returns at once (and is refused below) instead of
+    // waiting for a writer.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(resolved)
+        .map_err(|e| invalid(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| invalid(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(invalid("not a regular file".into()));
+    }
+    if meta.len() > max as u64 {
+        return Err(too_large(meta.len()));
+    }
+    let mut content = Vec::with_capacity(meta.len() as usize);
+    // At most one byte past the limit: a file that grew since the check is refused too.
+    file.take(max as u64 + 1)
+        .read_to_end(&mut content)
+        .map_err(|e| invalid(e.to_string()))?;
+    if content.len() > max {
+        return Err(too_large(content.len() as u64));
+    }
+    Ok(content)
+}
+
 impl Engine {
     pub fn new(
         store: Arc<dyn StateStore>,
@@ -206,6 +327,7 @@ impl Engine {
             finished: tokio::sync::Notify::new(),
             last_planned: Mutex::new(None),
             draining: AtomicBool::new(false),
+            starting: Mutex::new(HashMap::new()),
             rt,
         })
     }
@@ -247,43 +369,10 @@ impl Engine {
                 Ok(files)
             }
             Source::Path(path) => {
-                let resolved = self.allowed_path(&path)?;
-                let content = std::fs::read(&resolved).map_err(|e| {
-                    EngineError::InvalidArgument(format!("{}: {e}", path.display()))
-                })?;
+                let resolved = allowed_path(&path, &self.config.cwd, &self.config.allowed_roots)?;
+                let content = read_path_source(&path, &resolved, self.config.max_input_size)?;
                 Ok(vec![(resolved.display().to_string(), content)])
             }
-        }
-    }
-
-    fn allowed_path(&self, path: &Path) -> Result<PathBuf> {
-        let denied = || {
-            EngineError::PermissionDenied(format!(
-                "{} is not under a root the engine allows (--allow-path); send the blueprint inline",
-                path.display()
-            ))
-        };
-        if self.config.allowed_roots.is_empty() {
-            return Err(denied());
-        }
-        let absolute = if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            self.config.cwd.join(path)
-        };
-        // Canonical, so `..` and symlinks cannot step outside a root.
-        let canonical = absolute
-            .canonicalize()
-            .map_err(|e| EngineError::InvalidArgument(format!("{}: {e}", path.display())))?;
-        if self
-            .config
-            .allowed_roots
-            .iter()
-            .any(|root| canonical.starts_with(root))
-        {
-            Ok(canonical)
-        } else {
-            Err(denied())
         }
     }
 
@@ -538,6 +627,7 @@ impl Engine {
                 &path,
                 &files,
                 &self.config.allowed_roots,
+                self.config.max_input_size,
                 // On a blocking thread: wait for the fetch on the runtime.
                 &|url| self.rt.block_on(self.config.remote_includes.fetch(url)),
             )
@@ -563,11 +653,23 @@ impl Engine {
                     chain.join(" -> ")
                 ));
             }
+            let declared = plan::child_variables(&file, &content, self.config.max_input_size)
+                .unwrap_or_default();
+            if let Some(d) =
+                plan::undeclared_child_variable(&prepared.blueprint.include[i], &file, &declared)
+            {
+                prepared.diags.push(d);
+                return Err(format!(
+                    "the blueprint has errors:\n{}",
+                    prepared.errors_text()
+                ));
+            }
             let child = ChildInputs {
                 name: &name,
                 instance: &instance,
                 file,
                 content,
+                declared,
                 variables: at.variables,
                 unknown: at.unknown,
                 chain: chain.clone(),
@@ -622,11 +724,12 @@ impl Engine {
             content,
             mut variables,
             unknown,
+            declared,
             chain,
             now,
         } = child;
         let max = self.config.max_input_size;
-        variables.extend(plan::placeholder_variables(&file, &content, max, &unknown));
+        variables.extend(plan::placeholder_variables(&declared, &unknown));
         let key = children::normalize(&file);
         let mut child_files = vec![(file, content)];
         child_files.extend(
@@ -745,13 +848,55 @@ impl Engine {
 
     // ---- operations -------------------------------------------------------------------------
 
-    /// The existing operation for a retried request, or `None` for a new request id.
-    async fn retried(&self, request_id: &str, request_digest: &str) -> Result<Option<Operation>> {
+    /// Starts a mutation at most once per request id: a retry of the same request (same
+    /// digest) gets the operation recorded first, whatever its status now, and starts nothing;
+    /// the same id with another request is `AlreadyExists`. `start` runs for a new id only.
+    async fn once(
+        &self,
+        request_id: &str,
+        request_digest: &str,
+        start: impl std::future::Future<Output = Result<Operation>>,
+    ) -> Result<Operation> {
         if request_id.is_empty() {
             return Err(EngineError::InvalidArgument(
                 "request_id is required (a fresh unique id per request; reuse it to retry)".into(),
             ));
         }
+        // Identical requests arriving together in this engine take turns: the second finds
+        // the first's operation instead of being refused by the lease the first holds.
+        let ticket = self.starting(request_id);
+        let _one_at_a_time = ticket.lock.lock().await;
+        if let Some(op) = self.retried(request_id, request_digest).await? {
+            return Ok(op);
+        }
+        match start.await {
+            // Refused before recording anything (the instance is held, the change set taken):
+            // perhaps by this very request, started at once through another engine on the same
+            // store. Then its operation is the answer.
+            Err(e @ (EngineError::Aborted(_) | EngineError::FailedPrecondition(_))) => {
+                match self.retried(request_id, request_digest).await {
+                    Ok(Some(op)) => Ok(op),
+                    Err(reused @ EngineError::AlreadyExists(_)) => Err(reused),
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The turn-taking lock of `request_id` (see [`Engine::once`]).
+    fn starting(&self, request_id: &str) -> Starting<'_> {
+        let mut map = self.starting.lock().unwrap_or_else(|e| e.into_inner());
+        let lock = map.entry(request_id.to_owned()).or_default().clone();
+        Starting {
+            map: &self.starting,
+            request_id: request_id.to_owned(),
+            lock,
+        }
+    }
+
+    /// The existing operation for a retried request, or `None` for a new request id.
+    async fn retried(&self, request_id: &str, request_digest: &str) -> Result<Option<Operation>> {
         match self.store.find_operation(request_id).await? {
             Some(op) if op.request_digest == request_digest => Ok(Some(op)),
             Some(_) => Err(EngineError::AlreadyExists(format!(
@@ -788,7 +933,7 @@ impl Engine {
     }
 
     /// Records the operation and marks it running, under `lease`.
-    async fn start_operation(&self, lease: &Lease, start: OperationStart<'_>) -> Result<Operation> {
+    async fn start_operation(&self, lease: &Lease, start: OperationStart<'_>) -> Result<Started> {
         let OperationStart {
             kind,
             request_id,
@@ -809,6 +954,12 @@ impl Engine {
             })
             .await?;
         let op = accepted.operation;
+        if !accepted.created {
+            // The same request, recorded meanwhile (through another engine): never run twice,
+            // and the lease taken for it goes back.
+            let _ = self.store.release_lease(lease).await;
+            return Ok(Started::Existing(op));
+        }
         self.store
             .commit(
                 lease,
@@ -832,7 +983,7 @@ impl Engine {
                 })],
             )
             .await?;
-        Ok(self.store.get_operation(&op.id).await?)
+        Ok(Started::New(self.store.get_operation(&op.id).await?))
     }
 
     /// Starts executing a change set.
@@ -847,9 +998,26 @@ impl Engine {
             change_set_id,
             if rollback_on_failure { "rollback" } else { "" },
         ]);
-        if let Some(op) = self.retried(request_id, &request_digest).await? {
-            return Ok(op);
-        }
+        self.once(
+            request_id,
+            &request_digest,
+            self.start_execute(
+                request_id,
+                &request_digest,
+                change_set_id,
+                rollback_on_failure,
+            ),
+        )
+        .await
+    }
+
+    async fn start_execute(
+        self: &Arc<Self>,
+        request_id: &str,
+        request_digest: &str,
+        change_set_id: &str,
+        rollback_on_failure: bool,
+    ) -> Result<Operation> {
         self.accepting()?;
         // The body (the whole plan) is read by the run, and only when this engine no longer
         // holds the plan it made.
@@ -880,7 +1048,7 @@ impl Engine {
                 OperationStart {
                     kind: OperationKind::Deploy,
                     request_id,
-                    request_digest: &request_digest,
+                    request_digest,
                     change_set_id: Some(cs.id.clone()),
                     instance_status: status,
                     total,
@@ -888,7 +1056,9 @@ impl Engine {
             )
             .await
         {
-            Ok(op) => op,
+            Ok(Started::New(op)) => op,
+            // Unreachable in practice: the request that recorded it took the change set first.
+            Ok(Started::Existing(op)) => return Ok(op),
             Err(e) => {
                 // The change set was taken for execution: mark it failed rather than leave it.
                 let _ = self
@@ -916,9 +1086,20 @@ impl Engine {
     /// Starts destroying an instance.
     pub async fn destroy(self: &Arc<Self>, request_id: &str, instance: &str) -> Result<Operation> {
         let request_digest = digest(&["destroy", instance]);
-        if let Some(op) = self.retried(request_id, &request_digest).await? {
-            return Ok(op);
-        }
+        self.once(
+            request_id,
+            &request_digest,
+            self.start_destroy(request_id, &request_digest, instance),
+        )
+        .await
+    }
+
+    async fn start_destroy(
+        self: &Arc<Self>,
+        request_id: &str,
+        request_digest: &str,
+        instance: &str,
+    ) -> Result<Operation> {
         self.accepting()?;
         let inst = self.instance_named(instance).await?;
         let lease = self.lease(&inst.id).await?;
@@ -928,7 +1109,7 @@ impl Engine {
                 OperationStart {
                     kind: OperationKind::Destroy,
                     request_id,
-                    request_digest: &request_digest,
+                    request_digest,
                     change_set_id: None,
                     instance_status: InstanceStatus::Destroying,
                     total: None,
@@ -936,7 +1117,8 @@ impl Engine {
             )
             .await
         {
-            Ok(op) => op,
+            Ok(Started::New(op)) => op,
+            Ok(Started::Existing(op)) => return Ok(op),
             Err(e) => {
                 let _ = self.store.release_lease(&lease).await;
                 return Err(e);
@@ -957,9 +1139,22 @@ impl Engine {
     ) -> Result<Operation> {
         let mode = if accept_external { "accept" } else { "reapply" };
         let request_digest = digest(&["reconcile", instance, mode, &only.join("\u{0}")]);
-        if let Some(op) = self.retried(request_id, &request_digest).await? {
-            return Ok(op);
-        }
+        self.once(
+            request_id,
+            &request_digest,
+            self.start_reconcile(request_id, &request_digest, instance, accept_external, only),
+        )
+        .await
+    }
+
+    async fn start_reconcile(
+        self: &Arc<Self>,
+        request_id: &str,
+        request_digest: &str,
+        instance: &str,
+        accept_external: bool,
+        only: Vec<String>,
+    ) -> Result<Operation> {
         self.accepting()?;
         let inst = self.instance_named(instance).await?;
         let lease = self.lease(&inst.id).await?;
@@ -970,7 +1165,7 @@ impl Engine {
                 OperationStart {
                     kind: OperationKind::Reconcile,
                     request_id,
-                    request_digest: &request_digest,
+                    request_digest,
                     change_set_id: None,
                     instance_status: status,
                     total: None,
@@ -978,7 +1173,8 @@ impl Engine {
             )
             .await
         {
-            Ok(op) => op,
+            Ok(Started::New(op)) => op,
+            Ok(Started::Existing(op)) => return Ok(op),
             Err(e) => {
                 let _ = self.store.release_lease(&lease).await;
                 return Err(e);
@@ -990,7 +1186,8 @@ impl Engine {
         Ok(op)
     }
 
-    /// Asks a running operation to stop at its next safe point.
+    /// Asks a running operation to stop at its next safe point. Idempotent, so it records no
+    /// request id: asking again asks again, and the answer is the operation as it is now.
     pub async fn cancel(&self, operation_id: &str) -> Result<Operation> {
         let op = self.store.get_operation(operation_id).await?;
         if let Some(r) = self
@@ -1034,6 +1231,7 @@ impl Engine {
             max_parallel: self.config.max_parallel,
             stop: stop.clone(),
             rt: self.rt.clone(),
+            link_locks: exec::LinkLocks::default(),
         });
         let this = self.clone();
         self.rt.spawn(async move {
@@ -1495,6 +1693,7 @@ impl Engine {
                 &path,
                 &inputs.files,
                 &self.config.allowed_roots,
+                self.config.max_input_size,
                 // On the operation's blocking thread: wait for the fetch on the runtime.
                 &|url| ctx.rt.block_on(self.config.remote_includes.fetch(url)),
             )
@@ -1727,7 +1926,7 @@ impl Engine {
         for r in &state.resources {
             if let (Some(idx), Some(s)) = (prepared.find(&r.name), &r.state) {
                 let slot = prepared.evaluation.resources[idx].instance;
-                prepared.evaluation.instances[slot].state = Some(state_values::to_eval(s));
+                state_values::set_state(&mut prepared.evaluation.instances[slot], Some(s));
             }
         }
         let mut changes = Vec::new();
@@ -1895,7 +2094,15 @@ impl Engine {
             };
             (r, observed)
         });
-        let results = futures_util::future::join_all(reads).await;
+        // Collected first: a lazy iterator of futures inside the stream trips the Send check
+        // of the API's async handler (a higher-ranked lifetime).
+        let reads: Vec<_> = reads.collect();
+        // At most --max-parallel reads at once, as for an operation's provider calls.
+        use futures_util::StreamExt;
+        let results: Vec<_> = futures_util::stream::iter(reads)
+            .buffered(self.config.max_parallel.max(1))
+            .collect()
+            .await;
         for (r, observed) in results {
             match observed {
                 None => report.resources.push(ResourceDrift {
@@ -2063,6 +2270,8 @@ struct ChildInputs<'a> {
     variables: Vec<(String, String)>,
     /// Variables known only after deploy.
     unknown: Vec<String>,
+    /// The variables the child declares.
+    declared: Vec<crate::blueprint::Variable>,
     chain: Vec<String>,
     now: i128,
 }
@@ -2250,5 +2459,109 @@ pub struct DriftReport {
 impl DriftReport {
     pub fn drifted(&self) -> bool {
         !self.resources.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_dir::TestDir;
+
+    #[test]
+    fn paths_outside_the_roots_are_denied_alike_whether_they_exist_or_not() {
+        let tmp = TestDir::new("paths");
+        let root = tmp.join("root");
+        let outside = tmp.join("outside");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(root.join("app.yaml"), "x").unwrap();
+        std::fs::write(outside.join("secret.yaml"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+        std::os::unix::fs::symlink(&root, outside.join("in")).unwrap();
+        let roots = [root.clone()];
+        let check = |p: &Path| allowed_path(p, &tmp, &roots);
+
+        // Each pair: an existing file and a missing one, reached the same way.
+        let outside_paths = [
+            outside.join("secret.yaml"),
+            outside.join("missing.yaml"),
+            root.join("../outside/secret.yaml"),
+            root.join("../outside/missing.yaml"),
+            root.join("out/secret.yaml"),
+            root.join("out/missing.yaml"),
+            root.join("out/nowhere/../../outside/secret.yaml"),
+            // Up out of a directory that does not exist, onto a symlink leading out.
+            root.join("nope/../out/secret.yaml"),
+            root.join("nope/../out/missing.yaml"),
+            // Up out of a missing directory, even when it would land inside.
+            root.join("x/../app.yaml"),
+            root.join(format!("{}/app.yaml", "a/".repeat(3000))),
+            PathBuf::from("outside/secret.yaml"),
+            PathBuf::from("outside/missing.yaml"),
+            PathBuf::from("/"),
+        ];
+        for p in &outside_paths {
+            assert_eq!(
+                check(p),
+                Err(EngineError::PermissionDenied(format!(
+                    "{} is not under a root the engine allows (--allow-path); send the \
+                     blueprint inline",
+                    p.display()
+                ))),
+                "{}",
+                p.display()
+            );
+        }
+
+        // Inside a root: found, through `..` and symlinks that stay inside, or said missing.
+        let app = root.join("app.yaml");
+        assert_eq!(check(&root.join("app.yaml")), Ok(app.clone()));
+        // Readable as it resolves (`PathBuf` equality ignores a trailing `/`; opening does not).
+        let resolved = check(&root.join("app.yaml")).unwrap();
+        assert_eq!(read_path_source(&resolved, &resolved, 10).unwrap(), b"x");
+        assert_eq!(check(Path::new("root/./app.yaml")), Ok(app.clone()));
+        assert_eq!(check(&outside.join("in/./app.yaml")), Ok(app.clone()));
+        assert_eq!(check(&outside.join("in/app.yaml")), Ok(app));
+        let missing = check(&root.join("missing.yaml")).unwrap();
+        assert!(matches!(
+            read_path_source(&missing, &missing, 100),
+            Err(EngineError::InvalidArgument(m)) if m.contains("No such file")
+        ));
+
+        // No roots: nothing is readable.
+        assert!(matches!(
+            allowed_path(&root.join("app.yaml"), &tmp, &[]),
+            Err(EngineError::PermissionDenied(_))
+        ));
+    }
+
+    #[test]
+    fn path_sources_larger_than_the_input_limit_are_refused() {
+        let tmp = TestDir::new("size");
+        let file = tmp.join("big.yaml");
+        std::fs::write(&file, vec![b'#'; 11]).unwrap();
+        assert_eq!(read_path_source(&file, &file, 11).unwrap().len(), 11);
+        let err = read_path_source(Path::new("big.yaml"), &file, 10).unwrap_err();
+        assert_eq!(
+            err,
+            EngineError::InvalidArgument(
+                "big.yaml: the file is 11 bytes, more than the engine's limit of 10 bytes \
+                 (--max-input-size, TRELLIS_MAX_INPUT_SIZE)"
+                    .into()
+            )
+        );
+        // Not a file: refused without blocking (a FIFO has no writer here).
+        assert!(matches!(
+            read_path_source(&tmp, &tmp, 10),
+            Err(EngineError::InvalidArgument(m)) if m.ends_with("not a regular file")
+        ));
+        let fifo = tmp.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            read_path_source(&fifo, &fifo, 10),
+            Err(EngineError::InvalidArgument(m)) if m.ends_with("not a regular file")
+        ));
     }
 }

@@ -249,6 +249,104 @@ fn settled(status: ResourceStatus) -> bool {
     matches!(status, ResourceStatus::Created | ResourceStatus::Updated)
 }
 
+/// The changes of a resource's annotations against the recorded ones, at
+/// `metadata.annotations.<key>`, shown as spec changes are (`masked`: the metadata's masked
+/// copy, when an annotation read a secret).
+fn annotation_changes(recorded: &Json, new: &Value, masked: Option<&Value>) -> Vec<FieldChange> {
+    let empty = Json::Object(serde_json::Map::new());
+    let before = recorded.get("annotations").unwrap_or(&empty);
+    let annotations = |v: &Value| match v {
+        Value::Map(m) => m.get("annotations").cloned(),
+        _ => None,
+    };
+    let after = annotations(new).unwrap_or_else(|| Value::Map(IndexMap::new()));
+    let masked = masked.and_then(annotations);
+    diff::diff_at(
+        "metadata.annotations",
+        Some(before),
+        &after,
+        masked.as_ref(),
+        &RecreatePaths::default(),
+    )
+}
+
+/// Link annotations written with `${..}` checked, once evaluated, against the link types of
+/// the links they take part in (literal ones were checked with the blueprint): a wrong type or
+/// a value outside the allowed ones is a diagnostic at the annotation.
+fn check_evaluated_annotations(prepared: &mut Prepared, manifests: &Manifests) {
+    let mut found = Vec::new();
+    for link in &prepared.links {
+        let Some((_, def)) = manifests.link_types().find(|(ns, d)| {
+            *ns == link.provider
+                && format!("{}::{}", d.resource_type_a, d.resource_type_b) == link.link_type
+        }) else {
+            continue;
+        };
+        for end in [&link.a, &link.b] {
+            let Some(idx) = prepared.find(end) else {
+                continue;
+            };
+            let x = &prepared.evaluation.resources[idx];
+            let Some(r) = prepared
+                .blueprint
+                .resources
+                .iter()
+                .find(|r| r.name.value == x.template)
+            else {
+                continue;
+            };
+            let ty = r.ty.as_ref().map_or("", |t| t.value.as_str());
+            let Value::Map(metadata) = prepared.evaluation.metadata(x) else {
+                continue;
+            };
+            let Some(Value::Map(values)) = metadata.get("annotations") else {
+                continue;
+            };
+            for (key, node) in &r.metadata.annotations {
+                let crate::blueprint::TKind::Str(t) = &node.kind else {
+                    continue;
+                };
+                let (Some(d), Some(value)) = (
+                    def.annotations
+                        .iter()
+                        .find(|d| d.name == key.name && d.applies_to == ty),
+                    values.get(&key.name).and_then(Value::to_json),
+                ) else {
+                    continue;
+                };
+                if !t.has_substitutions() {
+                    continue;
+                }
+                let value = crate::plugins::values::from_json(&value);
+                if let Some((code, message, hint)) =
+                    crate::validate::links::check_evaluated_annotation(
+                        &key.name, end, def, d, &value,
+                    )
+                {
+                    found.push(
+                        crate::diag::Diagnostic::new(code, node.span, message).with_hint(hint),
+                    );
+                }
+            }
+        }
+    }
+    // A resource linked several times is checked once per link: report each problem once.
+    found.dedup_by(|a, b| a.span == b.span && a.message == b.message);
+    for d in found {
+        prepared.diags.push(d);
+    }
+}
+
+/// The metadata of resource entry `idx` as stored: each annotation that read a secret kept
+/// with its secret mark, so plans never show it and providers get it flagged sensitive.
+pub(super) fn stored_metadata(prepared: &Prepared, idx: usize) -> Json {
+    let x = &prepared.evaluation.resources[idx];
+    super::state_values::eval_to_stored(
+        prepared.evaluation.metadata(x),
+        prepared.evaluation.masked_metadata(x),
+    )
+}
+
 /// Plans `prepared` against `current`. Resources whose dependencies do not change are
 /// evaluated against their dependencies' recorded state, so their fields are known; the rest
 /// read `(known after deploy)`.
@@ -285,8 +383,10 @@ pub fn plan(
             if stable.contains(&d)
                 && let Some(rec) = recorded.get(dx.name.as_str())
             {
-                let state = rec.state.as_ref().map(super::state_values::to_eval);
-                prepared.evaluation.instances[slot].state = state;
+                super::state_values::set_state(
+                    &mut prepared.evaluation.instances[slot],
+                    rec.state.as_ref(),
+                );
                 reevaluate = true;
             }
         }
@@ -341,8 +441,16 @@ pub fn plan(
                 )
             }
             Some(rec) => {
-                let previous = super::state_values::unwrap(&rec.spec);
-                let fields = diff::diff_spec(Some(&previous), &spec, masked.as_ref(), &recreate);
+                // The stored spec, secret marks included: a recorded secret is never shown.
+                let mut fields =
+                    diff::diff_spec(Some(&rec.spec), &spec, masked.as_ref(), &recreate);
+                // Links read annotations from the recorded metadata: a changed one makes the
+                // resource an update (which records it) and so its links updates too.
+                fields.extend(annotation_changes(
+                    &rec.metadata,
+                    prepared.evaluation.metadata(x),
+                    prepared.evaluation.masked_metadata(x),
+                ));
                 let forcing: Vec<&str> = fields
                     .iter()
                     .filter(|f| f.must_recreate)
@@ -392,6 +500,7 @@ pub fn plan(
             depends_on: r.depends_on.clone(),
         });
     }
+    check_evaluated_annotations(prepared, manifests);
     let links = super::links::plan_links(&prepared.links, current, &out);
     Plan {
         resources: out,
@@ -727,38 +836,68 @@ pub fn include_at_plan(
     Ok(out)
 }
 
-/// Stand-in `--var` inputs for the variables of a child known only after deploy, so its
-/// document validates and evaluates; [`forget_variables`] then makes them unknown. A variable
-/// with a default needs none; otherwise the first allowed value, or the type's zero.
-pub fn placeholder_variables(
+/// The variables a child document declares; `None` when it does not load (preparing the
+/// child then reports why).
+pub fn child_variables(
     file: &str,
     content: &[u8],
     max_input_size: usize,
-    unknown: &[String],
-) -> Vec<(String, String)> {
+) -> Option<Vec<crate::blueprint::Variable>> {
     let mut sources = crate::source::SourceMap::new();
     let mut diags = crate::diag::Diagnostics::default();
-    let Some(id) = crate::document::load_bytes(
+    let id = crate::document::load_bytes(
         &mut sources,
         file,
         content.to_vec(),
         max_input_size,
         &mut diags,
-    ) else {
-        return Vec::new();
-    };
+    )?;
     let format = crate::document::Format::from_path(file);
-    let Some(root) = crate::document::parse(&sources, id, format, &mut diags) else {
-        return Vec::new();
-    };
-    let bp = crate::blueprint::load(&root, sources.get(id), id, &mut diags);
+    let root = crate::document::parse(&sources, id, format, &mut diags)?;
+    Some(crate::blueprint::load(&root, sources.get(id), id, &mut diags).variables)
+}
+
+/// A variable the include passes that the child (`file`, declaring `declared`) does not
+/// declare, whatever its value (an unknown one must not hide a misspelt name until deploy):
+/// `T0406` at the key in the parent's include.
+pub fn undeclared_child_variable(
+    include: &crate::blueprint::Include,
+    file: &str,
+    declared: &[crate::blueprint::Variable],
+) -> Option<crate::diag::Diagnostic> {
+    let names = || declared.iter().map(|v| v.name.value.as_str());
+    let (key, _) = include
+        .variables
+        .iter()
+        .find(|(k, _)| !names().any(|d| d == k.name))?;
+    let mut d = crate::diag::Diagnostic::new(
+        &crate::diag::codes::VARIABLE_INPUT,
+        key.span,
+        format!(
+            "include `{}` passes variable `{}`, which `{file}` does not declare",
+            include.name.value, key.name
+        ),
+    );
+    if let Some(s) = crate::diag::did_you_mean(&key.name, names()) {
+        d = d.with_hint(format!("did you mean `{s}`?"));
+    }
+    Some(d)
+}
+
+/// Stand-in `--var` inputs for the variables of a child known only after deploy, so its
+/// document validates and evaluates; [`forget_variables`] then makes them unknown. A variable
+/// with a default needs none; otherwise the first allowed value, or the type's zero.
+pub fn placeholder_variables(
+    declared: &[crate::blueprint::Variable],
+    unknown: &[String],
+) -> Vec<(String, String)> {
     let text = |s: &Scalar| match s {
         Scalar::Str(s) => s.clone(),
         Scalar::Int(i) => i.to_string(),
         Scalar::Float(f) => f.to_string(),
         Scalar::Bool(b) => b.to_string(),
     };
-    bp.variables
+    declared
         .iter()
         .filter(|v| unknown.contains(&v.name.value) && v.default.is_none())
         .map(|v| {
@@ -834,7 +973,7 @@ pub fn planned_exports(
             && let Some(state) = &rec.state
         {
             let slot = prepared.evaluation.resources[idx].instance;
-            prepared.evaluation.instances[slot].state = Some(super::state_values::to_eval(state));
+            super::state_values::set_state(&mut prepared.evaluation.instances[slot], Some(state));
         }
     }
     let mut out = Vec::new();
@@ -943,5 +1082,81 @@ mod tests {
             "0 to create, 1 to update, 0 to recreate, 0 to delete, 0 unchanged"
         );
         assert!(!plan.is_empty());
+    }
+
+    #[test]
+    fn annotation_changes_are_metadata_field_changes() {
+        let recorded = json!({
+            "labels": {"app": "x"},
+            "annotations": {"local.envFile.name": "config", "keep": 1, "gone": true}
+        });
+        let annotations = |pairs: Vec<(&str, Value)>| {
+            let a: IndexMap<String, Value> =
+                pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            let mut md = IndexMap::new();
+            md.insert("annotations".to_owned(), Value::Map(a));
+            Value::Map(md)
+        };
+        // The same annotations (an integer kept as one): nothing to do.
+        let same = annotations(vec![
+            ("local.envFile.name", Value::Str("config".into())),
+            ("keep", Value::Int(1)),
+            ("gone", Value::Bool(true)),
+        ]);
+        assert!(annotation_changes(&recorded, &same, None).is_empty());
+        let new = annotations(vec![
+            ("local.envFile.name", Value::Str("settings".into())),
+            ("keep", Value::Int(1)),
+            ("added", Value::Unknown),
+        ]);
+        let changes = annotation_changes(&recorded, &new, None);
+        let shown = |v: Json| Some(Shown::Value(v));
+        assert_eq!(
+            changes,
+            [
+                FieldChange {
+                    path: r#"metadata.annotations["local.envFile.name"]"#.into(),
+                    previous: shown(json!("config")),
+                    new: shown(json!("settings")),
+                    must_recreate: false,
+                },
+                FieldChange {
+                    path: "metadata.annotations.added".into(),
+                    previous: None,
+                    new: Some(Shown::Unknown),
+                    must_recreate: false,
+                },
+                FieldChange {
+                    path: "metadata.annotations.gone".into(),
+                    previous: shown(json!(true)),
+                    new: None,
+                    must_recreate: false,
+                },
+            ]
+        );
+        // A value read from a secret is not shown, nor what it replaces.
+        let masked = annotations(vec![
+            (
+                "local.envFile.name",
+                Value::Str(crate::eval::render::SENSITIVE_TEXT.into()),
+            ),
+            ("keep", Value::Int(1)),
+            ("added", Value::Unknown),
+        ]);
+        let secret = annotation_changes(&recorded, &new, Some(&masked));
+        assert_eq!(secret[0].previous, Some(Shown::Sensitive));
+        assert_eq!(secret[0].new, Some(Shown::Sensitive));
+        // Recorded before annotations were kept (no metadata): every annotation is new.
+        let fresh = annotation_changes(&Json::Null, &same, None);
+        assert_eq!(fresh.len(), 3);
+        assert!(fresh.iter().all(|f| f.previous.is_none()));
+        // Recorded with its secret mark: never shown, changed to a plain value or removed.
+        let marked = json!({"annotations": {"token": {"$sensitive": "hunter2"}, "old": {"$sensitive": "x"}}});
+        let now = annotations(vec![("token", Value::Str("plain".into()))]);
+        let changes = annotation_changes(&marked, &now, None);
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        assert!(changes.iter().all(|c| c.previous == Some(Shown::Sensitive)));
+        assert_eq!(changes[0].new, shown(json!("plain")));
+        assert!(!format!("{changes:?}").contains("hunter2"));
     }
 }

@@ -50,7 +50,12 @@ impl Failure {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Observed {
     Missing,
-    Exists { spec: Json, state: Json },
+    /// `external_id`: the provider's id for it (empty when the provider did not say).
+    Exists {
+        spec: Json,
+        state: Json,
+        external_id: String,
+    },
 }
 
 /// What is happening to a link.
@@ -113,6 +118,76 @@ fn merge(into: &mut Json, more: Json) {
     }
 }
 
+/// The text of every scalar inside the parts of `v` marked sensitive (`inside`: `v` is within
+/// one).
+fn collect_secrets(v: &pb::Value, inside: bool, out: &mut Vec<String>) {
+    use pb::value::Kind;
+    let inside = inside || v.sensitive;
+    match &v.kind {
+        Some(Kind::String(s)) if inside && !s.is_empty() => out.push(s.clone()),
+        Some(Kind::Int(i)) if inside => out.push(i.to_string()),
+        Some(Kind::Float(f)) if inside => out.push(f.to_string()),
+        Some(Kind::List(l)) => l.items.iter().for_each(|i| collect_secrets(i, inside, out)),
+        Some(Kind::Map(m)) => m
+            .entries
+            .iter()
+            .filter_map(|e| e.value.as_ref())
+            .for_each(|x| collect_secrets(x, inside, out)),
+        _ => {}
+    }
+}
+
+/// The secrets of a resource as recorded: its spec and its state.
+fn target_secrets(target: &Target) -> Vec<String> {
+    let mut out = Vec::new();
+    for v in [&target.current_spec, &target.current_state]
+        .into_iter()
+        .flatten()
+    {
+        collect_secrets(&stored_pb(v), false, &mut out);
+    }
+    out
+}
+
+/// Secrets shorter than this are not cut out of a message but withhold it whole: replacing
+/// every `a` or `42` would garble the text and show where the secret was.
+const SHORTEST_REDACTED: usize = 6;
+
+/// What a message withheld for quoting a short secret says instead.
+const WITHHELD: &str = "(the provider's message is withheld: it quotes a value marked sensitive)";
+
+/// `message` with every occurrence of a secret replaced by the sensitive marker (longest
+/// first, so a secret containing another is cut whole), or withheld whole when it holds a
+/// secret too short to cut out.
+fn redact(message: &str, secrets: &[String]) -> String {
+    let present: Vec<&String> = secrets
+        .iter()
+        .filter(|s| !s.is_empty() && message.contains(s.as_str()))
+        .collect();
+    if present
+        .iter()
+        .any(|s| s.chars().count() < SHORTEST_REDACTED)
+    {
+        return WITHHELD.to_owned();
+    }
+    let mut sorted = present;
+    sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut out = message.to_owned();
+    for s in sorted {
+        out = out.replace(s.as_str(), crate::eval::render::SENSITIVE_TEXT);
+    }
+    out
+}
+
+impl Failure {
+    fn redacted(self, secrets: &[String]) -> Failure {
+        Failure {
+            message: redact(&self.message, secrets),
+            ..self
+        }
+    }
+}
+
 /// Providers reached through the plugin host.
 pub struct PluginProvisioner {
     pub host: Arc<PluginHost>,
@@ -154,9 +229,10 @@ fn options(target: &Target, key: &str) -> CallOptions {
     }
 }
 
-#[tonic::async_trait]
-impl Provisioner for PluginProvisioner {
-    async fn apply(
+/// The calls themselves; the [`Provisioner`] implementation below cuts secrets out of their
+/// failures.
+impl PluginProvisioner {
+    async fn apply_call(
         &self,
         target: &Target,
         spec: pb::Value,
@@ -199,7 +275,7 @@ impl Provisioner for PluginProvisioner {
         }
     }
 
-    async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure> {
+    async fn destroy_call(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure> {
         let Some(current) = current(target) else {
             // Never created: nothing to ask the provider.
             return Ok(());
@@ -227,7 +303,7 @@ impl Provisioner for PluginProvisioner {
         }
     }
 
-    async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure> {
+    async fn link_call(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure> {
         let client = self
             .host
             .provider(&call.provider)
@@ -322,24 +398,7 @@ impl Provisioner for PluginProvisioner {
         Ok(super::links::record_data(data, &owned))
     }
 
-    async fn spec_schema(&self, resource_type: &str) -> Option<pb::Schema> {
-        let manifest = self
-            .host
-            .manifest_of(
-                crate::plugins::PluginKind::Provider,
-                namespace(resource_type),
-            )
-            .await
-            .ok()?;
-        manifest
-            .resource_types
-            .iter()
-            .find(|t| t.r#type == resource_type)?
-            .spec_schema
-            .clone()
-    }
-
-    async fn read(&self, target: &Target) -> Result<Observed, Failure> {
+    async fn read_call(&self, target: &Target) -> Result<Observed, Failure> {
         let Some(current) = current(target) else {
             return Ok(Observed::Missing);
         };
@@ -368,6 +427,106 @@ impl Provisioner for PluginProvisioner {
         Ok(Observed::Exists {
             spec: resp.spec.as_ref().map_or(Json::Null, raw_json),
             state: resp.state.as_ref().map_or(Json::Null, raw_json),
+            external_id: resp.external_id,
         })
+    }
+}
+
+/// A provider may quote what it was sent in an error, and failures are recorded in state and
+/// events: every failure is cleaned of the secrets of the call's inputs.
+#[tonic::async_trait]
+impl Provisioner for PluginProvisioner {
+    async fn apply(
+        &self,
+        target: &Target,
+        spec: pb::Value,
+        idempotency_key: &str,
+    ) -> Result<Applied, Failure> {
+        // The spec goes into the call, so its secrets are noted now (nothing is allocated
+        // unless it holds some); the recorded ones are read only if the call fails.
+        let mut sent = Vec::new();
+        collect_secrets(&spec, false, &mut sent);
+        self.apply_call(target, spec, idempotency_key)
+            .await
+            .map_err(|f| {
+                let mut secrets = target_secrets(target);
+                secrets.append(&mut sent);
+                f.redacted(&secrets)
+            })
+    }
+
+    async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure> {
+        self.destroy_call(target, idempotency_key)
+            .await
+            .map_err(|f| f.redacted(&target_secrets(target)))
+    }
+
+    async fn read(&self, target: &Target) -> Result<Observed, Failure> {
+        self.read_call(target)
+            .await
+            .map_err(|f| f.redacted(&target_secrets(target)))
+    }
+
+    async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure> {
+        self.link_call(call, idempotency_key).await.map_err(|f| {
+            let mut secrets = target_secrets(&call.a);
+            secrets.extend(target_secrets(&call.b));
+            for v in [&call.annotations_a, &call.annotations_b, &call.link_data] {
+                collect_secrets(&stored_pb(v), false, &mut secrets);
+            }
+            f.redacted(&secrets)
+        })
+    }
+
+    async fn spec_schema(&self, resource_type: &str) -> Option<pb::Schema> {
+        let manifest = self
+            .host
+            .manifest_of(
+                crate::plugins::PluginKind::Provider,
+                namespace(resource_type),
+            )
+            .await
+            .ok()?;
+        manifest
+            .resource_types
+            .iter()
+            .find(|t| t.r#type == resource_type)?
+            .spec_schema
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn failures_never_quote_the_secrets_they_were_sent() {
+        let stored = json!({
+            "name": "db",
+            "password": {"$sensitive": "hunter2"},
+            "env": {"URL": {"$sensitive": "postgres://u:hunter2-long@db"}, "A": "db"},
+        });
+        let mut secrets = Vec::new();
+        collect_secrets(&stored_pb(&stored), false, &mut secrets);
+        assert_eq!(secrets.len(), 2, "{secrets:?}");
+        let message = "cannot create db: bad url postgres://u:hunter2-long@db (password hunter2)";
+        let redacted = redact(message, &secrets);
+        assert!(!redacted.contains("hunter2"), "{redacted}");
+        // Plain values, even equal to a part of a secret's text, stay.
+        assert!(
+            redacted.starts_with("cannot create db: bad url"),
+            "{redacted}"
+        );
+        assert_eq!(redact("no secret here", &secrets), "no secret here");
+
+        // A short secret, or a number, cannot be cut out cleanly: the message is withheld.
+        let stored = json!({"pin": {"$sensitive": 4242}, "k": {"$sensitive": "ab"}});
+        let mut secrets = Vec::new();
+        collect_secrets(&stored_pb(&stored), false, &mut secrets);
+        assert_eq!(redact("pin 4242 refused", &secrets), WITHHELD);
+        assert_eq!(redact("cannot grab it", &secrets), WITHHELD);
+        assert_eq!(redact("nothing secret", &secrets), "nothing secret");
     }
 }

@@ -14,10 +14,28 @@ fn wrapped(o: &Map<String, Json>) -> Option<&Json> {
     if o.len() == 1 { o.get(SENSITIVE) } else { None }
 }
 
-fn wrap(v: Json) -> Json {
+/// `v` marked secret, as stored.
+pub fn mark_secret(v: Json) -> Json {
     let mut o = Map::new();
     o.insert(SENSITIVE.to_owned(), v);
     Json::Object(o)
+}
+
+/// The content of a secret mark (`{"$sensitive": v}` gives `v`); `None` for any other value.
+pub fn sensitive_inner(v: &Json) -> Option<&Json> {
+    match v {
+        Json::Object(o) => wrapped(o),
+        _ => None,
+    }
+}
+
+/// Whether a stored value is, or holds, a secret.
+pub fn holds_secret(v: &Json) -> bool {
+    match v {
+        Json::Object(o) => wrapped(o).is_some() || o.values().any(holds_secret),
+        Json::Array(items) => items.iter().any(holds_secret),
+        _ => false,
+    }
 }
 
 /// The value without secret wrappers.
@@ -35,6 +53,25 @@ pub fn unwrap(v: &Json) -> Json {
 /// A stored value as the evaluator sees it (secrets in clear: it feeds providers).
 pub fn to_eval(v: &Json) -> Value {
     Value::from_json(&unwrap(v))
+}
+
+/// A resource's recorded state (`None`: not deployed) given to the evaluation: the value, and
+/// a masked copy when the provider marked some of it sensitive, so reads of it are secret.
+pub fn set_state(rv: &mut crate::eval::expr::ResourceValue, stored: Option<&Json>) {
+    rv.state = stored.map(to_eval);
+    rv.masked_state = stored.filter(|s| holds_secret(s)).map(masked_eval);
+}
+
+/// A stored value with each secret replaced by the sensitive marker.
+fn masked_eval(v: &Json) -> Value {
+    match v {
+        Json::Object(o) if wrapped(o).is_some() => {
+            Value::Str(crate::eval::render::SENSITIVE_TEXT.to_owned())
+        }
+        Json::Object(o) => Value::Map(o.iter().map(|(k, v)| (k.clone(), masked_eval(v))).collect()),
+        Json::Array(items) => Value::List(items.iter().map(masked_eval).collect()),
+        other => Value::from_json(other),
+    }
 }
 
 /// A stored value for a provider call: secrets carry the protocol's sensitive flag.
@@ -85,7 +122,11 @@ pub fn from_pb(v: &pb::Value) -> Json {
                 .collect(),
         ),
     };
-    if v.sensitive { wrap(plain) } else { plain }
+    if v.sensitive {
+        mark_secret(plain)
+    } else {
+        plain
+    }
 }
 
 /// An evaluated spec for storage. Where `masked` (the evaluator's copy with secret-derived
@@ -105,7 +146,7 @@ pub fn eval_to_stored(v: &Value, masked: Option<&Value>) -> Json {
                 .map(|(i, x)| eval_to_stored(x, mi.get(i)))
                 .collect(),
         ),
-        (x, Some(m)) if x != m => wrap(eval_to_json(x)),
+        (x, Some(m)) if x != m => mark_secret(eval_to_json(x)),
         (x, _) => eval_to_json(x),
     }
 }

@@ -46,6 +46,16 @@ impl Evaluation {
     pub fn metadata(&self, x: &Expanded) -> &Value {
         &self.instances[x.instance].metadata
     }
+
+    /// The masked copy of the metadata, when an annotation read a secret.
+    pub fn masked_metadata(&self, x: &Expanded) -> Option<&Value> {
+        self.instances[x.instance].masked_metadata.as_ref()
+    }
+
+    /// The metadata as it may be printed: secrets masked.
+    pub fn display_metadata<'a>(&'a self, x: &'a Expanded) -> &'a Value {
+        self.masked_metadata(x).unwrap_or_else(|| self.metadata(x))
+    }
 }
 
 impl Expanded {
@@ -422,7 +432,12 @@ pub fn reevaluate(
     );
     let slot = ev.resources[idx].instance;
     let state = ev.instances[slot].state.take();
-    ev.instances[slot] = ResourceValue { state, ..value };
+    let masked_state = ev.instances[slot].masked_state.take();
+    ev.instances[slot] = ResourceValue {
+        state,
+        masked_state,
+        ..value
+    };
     ev.resources[idx].condition = fresh.condition;
     ev.resources[idx].included()
 }
@@ -612,16 +627,34 @@ fn instance(
         .map(|(k, v)| (k.name.clone(), Value::Str(v.value.clone())))
         .collect();
     md.insert("labels".to_owned(), Value::Map(labels));
+    // Annotations are the metadata that can read a secret: noticed apart from the spec's.
+    let spec_touched = scope.touched_secret.replace(false);
     let annotations: IndexMap<String, Value> = r
         .metadata
         .annotations
         .iter()
         .map(|(k, v)| (k.name.clone(), node(v, &scope, &mut report)))
         .collect();
+    let masked_annotations = scope.touched_secret.get().then(|| {
+        let quiet = ev.scope_with(env, element, external);
+        r.metadata
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.name.clone(), node_masked(v, &quiet, &mut |_| {}).1))
+            .collect::<IndexMap<String, Value>>()
+    });
+    scope
+        .touched_secret
+        .set(spec_touched || masked_annotations.is_some());
     md.insert("annotations".to_owned(), Value::Map(annotations));
     if let Some(c) = &r.metadata.custom {
         md.insert("custom".to_owned(), node(c, &scope, &mut report));
     }
+    let masked_metadata = masked_annotations.map(|masked| {
+        let mut copy = md.clone();
+        copy.insert("annotations".to_owned(), Value::Map(masked));
+        Value::Map(copy)
+    });
     let x = Expanded {
         name: name.to_owned(),
         template: r.name.value.clone(),
@@ -635,7 +668,9 @@ fn instance(
         spec,
         metadata: Value::Map(md),
         state: None,
+        masked_state: None,
         masked_spec,
+        masked_metadata,
         exists: x.included(),
     };
     (x, value)

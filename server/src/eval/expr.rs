@@ -45,10 +45,15 @@ pub struct ResourceValue {
     pub metadata: Value,
     /// `None` until deployed: reads are unknown.
     pub state: Option<Value>,
+    /// When the provider marked some of the state sensitive: the state with those parts
+    /// replaced by `(sensitive)`, like `masked_spec`.
+    pub masked_state: Option<Value>,
     /// When some field was derived from a secret: the spec with those fields
     /// replaced by `(sensitive)`. A read that differs between the two read
     /// a secret.
     pub masked_spec: Option<Value>,
+    /// Likewise for the metadata, when an annotation read a secret.
+    pub masked_metadata: Option<Value>,
     /// False when the resource's condition excluded it: reads are unknown.
     pub exists: bool,
 }
@@ -316,19 +321,45 @@ impl Scope<'_> {
             }
         };
         match section {
-            "spec" => {
-                // A field the blueprint does not set may be computed by the
-                // provider: unknown until deploy, not an error.
-                let read = access(&value.spec, rest, "").unwrap_or(Value::Unknown);
-                if let Some(masked) = &value.masked_spec
-                    && access(masked, rest, "").ok().as_ref() != Some(&read)
-                {
-                    self.touched_secret.set(true);
+            "spec" => match access(&value.spec, rest, "") {
+                Ok(read) => {
+                    if let Some(masked) = &value.masked_spec
+                        && access(masked, rest, "").ok().as_ref() != Some(&read)
+                    {
+                        self.touched_secret.set(true);
+                    }
+                    Ok(read)
                 }
-                Ok(read)
-            }
+                // A top-level field the blueprint does not set may be computed by the
+                // provider (`spec.id`, `spec.arn`), which reports computed fields in the
+                // resource's state: unknown until deployed, then read from there. Any other
+                // miss (an index out of range, a field of a string) is unknown as before.
+                Err(_) if !sets_first_field(&value.spec, rest) => match &value.state {
+                    None => Ok(Value::Unknown),
+                    Some(state) => {
+                        let read = access(state, rest, &format!("{label}.spec")).map_err(|e| {
+                            EvalError::new(
+                                &codes::EVALUATION,
+                                e.span,
+                                format!(
+                                    "{}: the blueprint does not set it and the provider \
+                                     computed no such field",
+                                    e.message
+                                ),
+                            )
+                        })?;
+                        self.mark_secret_read(value.masked_state.as_ref(), rest, &read);
+                        Ok(read)
+                    }
+                },
+                Err(_) => Ok(Value::Unknown),
+            },
             "state" => match &value.state {
-                Some(s) => access(s, rest, &format!("{label}.state")),
+                Some(s) => {
+                    let read = access(s, rest, &format!("{label}.state"))?;
+                    self.mark_secret_read(value.masked_state.as_ref(), rest, &read);
+                    Ok(read)
+                }
                 None => Ok(Value::Unknown),
             },
             "metadata" => access(&value.metadata, rest, &format!("{label}.metadata")),
@@ -337,6 +368,16 @@ impl Scope<'_> {
                 e.span,
                 format!("{label} has no section `{other}`"),
             )),
+        }
+    }
+
+    /// Marks the scope when `read` (at `path` of a resource's state) differs from the masked
+    /// copy: the provider reported it sensitive.
+    fn mark_secret_read(&self, masked: Option<&Value>, path: &[Accessor], read: &Value) {
+        if let Some(masked) = masked
+            && access(masked, path, "").ok().as_ref() != Some(read)
+        {
+            self.touched_secret.set(true);
         }
     }
 
@@ -413,6 +454,14 @@ impl Scope<'_> {
 
 /// Follows accessors and copies out only what they reach; a missing field
 /// or index is an error naming the path.
+/// Whether a resource's evaluated spec (a map) has the first field of `path`.
+fn sets_first_field(spec: &Value, path: &[Accessor]) -> bool {
+    match (spec, path.first()) {
+        (Value::Map(m), Some(Accessor::Field(f))) => m.contains_key(&f.text),
+        _ => true,
+    }
+}
+
 fn access(v: &Value, path: &[Accessor], label: &str) -> Result<Value> {
     let mut cur = v;
     for (depth, a) in path.iter().enumerate() {

@@ -687,6 +687,7 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::CancelOperationRequest>,
     ) -> Result<Response<api::Operation>, Status> {
+        // `request_id` is not needed: cancelling is idempotent (see the proto).
         let op = self
             .engine
             .cancel(&req.into_inner().operation_id)

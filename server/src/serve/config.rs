@@ -963,19 +963,8 @@ impl AsyncWrite for Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_dir::TestDir;
     use clap::Parser;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A fresh directory under the system temp dir; short, because Unix socket paths are
-    /// limited to about 100 bytes.
-    fn temp_dir() -> PathBuf {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("trs-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
 
     fn write_config(dir: &Path, text: &str) -> PathBuf {
         let path = dir.join("trellis.toml");
@@ -1025,7 +1014,7 @@ mod tests {
 
     #[test]
     fn flags_override_file_and_file_overrides_defaults() {
-        let dir = temp_dir();
+        let dir = TestDir::new("config");
         let path = write_config(
             &dir,
             r#"
@@ -1069,12 +1058,11 @@ log-level = "warn,trellis=debug"
         let config = args.resolve().unwrap();
         assert!(config.bundled_plugins);
         assert_eq!(config.include_hosts, ["example.com"]);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn relative_paths_follow_their_source() {
-        let dir = temp_dir();
+        let dir = TestDir::new("config");
         std::fs::create_dir(dir.join("blueprints")).unwrap();
         let path = write_config(
             &dir,
@@ -1113,7 +1101,6 @@ listen = "unix:run/engine.sock"
         assert_eq!(config.data_dir, cwd.join("here"));
         assert_eq!(config.plugin_dirs, [cwd.join("p")]);
         assert_eq!(config.listen, Listen::Unix(cwd.join("e.sock")));
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
@@ -1147,7 +1134,7 @@ listen = "unix:run/engine.sock"
 
     #[test]
     fn file_errors_name_the_file_and_the_key() {
-        let dir = temp_dir();
+        let dir = TestDir::new("config");
         let path = write_config(&dir, "listen = \"127.0.0.1:1\"\nmax-paralel = 3\n");
         let err = resolve_err(with_config(&path));
         assert!(
@@ -1199,7 +1186,6 @@ listen = "unix:run/engine.sock"
         let missing = dir.join("nope.toml");
         let err = resolve_err(with_config(&missing));
         assert!(err.contains("cannot read config file"), "{err}");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
@@ -1345,7 +1331,7 @@ listen = "unix:run/engine.sock"
     #[tokio::test]
     async fn bind_unix_socket() {
         use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-        let dir = temp_dir();
+        let dir = TestDir::new("config");
         let path = dir.join("sub/e.sock");
         let listen = Listen::Unix(path.clone());
 
@@ -1382,6 +1368,5 @@ listen = "unix:run/engine.sock"
                 .unwrap()
         })
         .await;
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

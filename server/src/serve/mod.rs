@@ -53,7 +53,12 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match rt.block_on(serve(config)) {
+    let result = rt.block_on(serve(config));
+    // An operation still running past the drain timeout is already marked interrupted, and
+    // its thread may wait for calls whose tasks stop with the runtime: dropping the runtime
+    // would wait for that thread for ever, so the engine stops waiting after a moment.
+    rt.shutdown_timeout(RUNTIME_STOP_GRACE);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -62,6 +67,9 @@ pub fn run(args: ServeArgs) -> ExitCode {
         }
     }
 }
+
+/// How long blocking work may go on once the server has stopped (see [`run`]).
+const RUNTIME_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn serve(config: ServeConfig) -> Result<(), String> {
     let data_dir = config.data_dir.clone();

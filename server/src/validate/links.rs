@@ -520,8 +520,6 @@ fn check_value(
     typer: &Typer<'_>,
     diags: &mut Diagnostics,
 ) {
-    let link = format!("{}::{}", l.resource_type_a, l.resource_type_b);
-    let want = SchemaType::try_from(d.r#type).unwrap_or(SchemaType::Any);
     let (got, literal) = match &node.kind {
         // Not a scalar: already reported when the blueprint was loaded.
         TKind::Null | TKind::List(_) | TKind::Map(_) => return,
@@ -530,54 +528,82 @@ fn check_value(
         TKind::Float(_) => (Static::Float, true),
         TKind::Str(t) => (typer.template(t), !t.has_substitutions()),
     };
-    let want_static = static_of(want);
-    if !got.fits(want_static) {
+    // Allowed values are checked on literals here, on `${..}` once evaluated (at plan time).
+    let value = if literal { literal_value(node) } else { None };
+    if let Some((code, message, hint)) =
+        annotation_problem(key, &r.name.value, l, d, got, value.as_ref(), literal)
+    {
+        diags.push(Diagnostic::new(code, node.span, message).with_hint(hint));
+    }
+}
+
+/// An annotation value known only once evaluated (written with `${..}`) checked against its
+/// definition in a link type: the type, then the allowed values. The problem, if any.
+pub fn check_evaluated_annotation(
+    key: &str,
+    resource: &str,
+    l: &LinkTypeDef,
+    d: &AnnotationDef,
+    value: &pb::Value,
+) -> Option<(&'static crate::diag::Code, String, String)> {
+    use pb::value::Kind;
+    let got = match &value.kind {
+        Some(Kind::String(_)) => Static::String,
+        Some(Kind::Int(_)) => Static::Integer,
+        Some(Kind::Float(_)) => Static::Float,
+        Some(Kind::Bool(_)) => Static::Boolean,
+        // Lists, maps and nulls are refused where the blueprint is read; unknown is checked
+        // at deploy, when it is known.
+        _ => return None,
+    };
+    annotation_problem(key, resource, l, d, got, Some(value), false)
+}
+
+/// What is wrong with an annotation of type `got` (and, when known, `value`) against its
+/// definition `d` in link type `l`: its code, message and hint. `literal`: written as a plain
+/// value in the document, so quoting it is a fix worth suggesting.
+fn annotation_problem(
+    key: &str,
+    resource: &str,
+    l: &LinkTypeDef,
+    d: &AnnotationDef,
+    got: Static,
+    value: Option<&pb::Value>,
+    literal: bool,
+) -> Option<(&'static crate::diag::Code, String, String)> {
+    let link = format!("{}::{}", l.resource_type_a, l.resource_type_b);
+    let want = static_of(SchemaType::try_from(d.r#type).unwrap_or(SchemaType::Any));
+    if !got.fits(want) {
         let mut hint = format!("defined by the link type `{link}`");
         if !d.description.is_empty() {
             hint.push_str(&format!(": {}", d.description));
         }
-        if literal && want_static == Static::String {
+        if literal && want == Static::String {
             hint.push_str("; quote the value to make it a string");
         }
-        diags.push(
-            Diagnostic::new(
-                &codes::LINK_ANNOTATION_TYPE,
-                node.span,
-                format!(
-                    "annotation `{key}` of resource `{}` must be {}, found {}",
-                    r.name.value,
-                    article_of(want_static.as_str()),
-                    article_of(got.as_str())
-                ),
-            )
-            .with_hint(hint),
-        );
-        return;
+        return Some((
+            &codes::LINK_ANNOTATION_TYPE,
+            format!(
+                "annotation `{key}` of resource `{resource}` must be {}, found {}",
+                article_of(want.as_str()),
+                article_of(got.as_str())
+            ),
+            hint,
+        ));
     }
-    if !literal || d.allowed_values.is_empty() {
-        return;
+    let value = value?;
+    if d.allowed_values.is_empty() || d.allowed_values.iter().any(|a| same(a, value)) {
+        return None;
     }
-    let Some(value) = literal_value(node) else {
-        return;
-    };
-    if !d.allowed_values.iter().any(|a| same(a, &value)) {
-        let allowed: Vec<String> = d.allowed_values.iter().map(render).collect();
-        diags.push(
-            Diagnostic::new(
-                &codes::LINK_ANNOTATION_NOT_ALLOWED,
-                node.span,
-                format!(
-                    "annotation `{key}` of resource `{}` is {}, which is not an allowed value",
-                    r.name.value,
-                    render(&value)
-                ),
-            )
-            .with_hint(format!(
-                "allowed: {} (the link type `{link}`)",
-                allowed.join(", ")
-            )),
-        );
-    }
+    let allowed: Vec<String> = d.allowed_values.iter().map(render).collect();
+    Some((
+        &codes::LINK_ANNOTATION_NOT_ALLOWED,
+        format!(
+            "annotation `{key}` of resource `{resource}` is {}, which is not an allowed value",
+            render(value)
+        ),
+        format!("allowed: {} (the link type `{link}`)", allowed.join(", ")),
+    ))
 }
 
 /// An annotation no link type defines for the resource's type: reported
@@ -867,5 +893,45 @@ mod tests {
             plan(false, false, LinkKind::Hard, Side::A).order(),
             Some(("env", "conf"))
         );
+    }
+
+    #[test]
+    fn evaluated_annotations_are_checked_for_type_and_allowed_values() {
+        let string = |s: &str| pb::Value {
+            kind: Some(pb::value::Kind::String(s.into())),
+            sensitive: false,
+        };
+        let def = AnnotationDef {
+            name: "x.tier".into(),
+            applies_to: "x/b".into(),
+            r#type: SchemaType::String as i32,
+            allowed_values: vec![string("gold"), string("silver")],
+            ..AnnotationDef::default()
+        };
+        let link = LinkTypeDef {
+            resource_type_a: "x/a".into(),
+            resource_type_b: "x/b".into(),
+            annotations: vec![def.clone()],
+            ..LinkTypeDef::default()
+        };
+        let check = |v: &pb::Value| check_evaluated_annotation("x.tier", "b", &link, &def, v);
+        assert_eq!(check(&string("gold")), None);
+        let (code, message, hint) = check(&string("bronze")).unwrap();
+        assert_eq!(code.id, codes::LINK_ANNOTATION_NOT_ALLOWED.id);
+        assert_eq!(
+            message,
+            "annotation `x.tier` of resource `b` is \"bronze\", which is not an allowed value"
+        );
+        assert_eq!(
+            hint,
+            "allowed: \"gold\", \"silver\" (the link type `x/a::x/b`)"
+        );
+        let int = pb::Value {
+            kind: Some(pb::value::Kind::Int(3)),
+            sensitive: false,
+        };
+        assert_eq!(check(&int).unwrap().0.id, codes::LINK_ANNOTATION_TYPE.id);
+        // Unknown until deploy: nothing to say yet.
+        assert_eq!(check(&pb::Value::default()), None);
     }
 }

@@ -26,6 +26,18 @@ pub trait ProviderChecks {
     /// Checks every resource, data source and custom variable type of the
     /// blueprint against what the providers declare.
     fn check(&self, bp: &Blueprint, functions: &dyn FunctionCatalog, diags: &mut Diagnostics);
+
+    /// The top-level fields of a resource type's spec schema (`computed` says which the
+    /// provider fills in), when the type has an object schema; `None` when nothing is known (no
+    /// such type, no schema, or an open one). References to `resources.x.spec.<field>` are
+    /// checked against them.
+    fn spec_fields(
+        &self,
+        resource_type: &str,
+    ) -> Option<&[trellis_proto::plugin::v1::SchemaField]> {
+        let _ = resource_type;
+        None
+    }
 }
 
 pub struct Options<'a> {

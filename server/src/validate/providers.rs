@@ -172,6 +172,11 @@ fn type_label(t: SchemaType) -> &'static str {
 }
 
 impl ProviderChecks for Manifests {
+    fn spec_fields(&self, resource_type: &str) -> Option<&[pb::SchemaField]> {
+        let schema = self.resource_type(resource_type)?.spec_schema.as_ref()?;
+        (schema.r#type == SchemaType::Object as i32).then_some(schema.fields.as_slice())
+    }
+
     fn check(&self, bp: &Blueprint, functions: &dyn FunctionCatalog, diags: &mut Diagnostics) {
         let typer = Typer { bp, functions };
         for r in &bp.resources {
@@ -229,7 +234,10 @@ impl ProviderChecks for Manifests {
             };
             for f in &d.filters {
                 let Some(field) = &f.field else { continue };
-                if !def.filter_fields.iter().any(|x| x.name == field.value) {
+                // A filter field is a path into the item (`subnets[0].zone`): its first
+                // step is the filterable field.
+                let root = field.value.split(['.', '[']).next().unwrap_or_default();
+                if !def.filter_fields.iter().any(|x| x.name == root) {
                     let names = def.filter_fields.iter().map(|x| x.name.as_str());
                     let mut diag = Diagnostic::new(
                         &codes::FILTER_FIELD_UNKNOWN,

@@ -5,7 +5,7 @@
 use super::Options;
 use super::types::{Static, Typer};
 use crate::blueprint::article_of;
-use crate::blueprint::{Blueprint, Resource, Spanned};
+use crate::blueprint::{Blueprint, Resource, Spanned, TKind};
 use crate::diag::{Code, Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::source::{SourceFile, Span};
 use crate::subst::{Accessor, Expr, ExprKind, Name, SpanMap, Template, parse_expression};
@@ -311,7 +311,7 @@ impl<'a, 'o> Checker<'a, 'o> {
                 let declared =
                     x.ty.as_ref()
                         .map_or(Static::Any, |t| Static::from_declared(&t.value));
-                self.export_field(field, declared, src, top);
+                self.export_field(&x.name.value, field, declared, src, top);
             }
         }
         if let Some(m) = &bp.metadata {
@@ -679,7 +679,57 @@ impl<'a, 'o> Checker<'a, 'o> {
         };
         if let Some((span, msg, hint)) = problem {
             self.push(&codes::RESOURCE_FIELD, span, msg, hint);
+            return;
         }
+        if let (Some(Accessor::Field(f)), Some(Accessor::Field(g))) = (rest.first(), rest.get(1))
+            && f.text == "spec"
+        {
+            self.spec_field_ref(r, g);
+        }
+    }
+
+    /// `resources.x.spec.<g>`: a field the blueprint does not set must be one the type's
+    /// schema declares (the provider computes it), or it will never have a value; caught here
+    /// rather than after the deploy that was to compute it.
+    fn spec_field_ref(&mut self, r: &Resource, g: &Name) {
+        let (Some(providers), Some(ty)) = (self.opts.providers, &r.ty) else {
+            return;
+        };
+        let set_by_blueprint = match r.spec.as_ref().map(|s| &s.kind) {
+            Some(TKind::Map(entries)) => entries.iter().any(|(k, _)| k.name == g.text),
+            _ => false,
+        };
+        if set_by_blueprint {
+            return;
+        }
+        let Some(fields) = providers.spec_fields(&ty.value) else {
+            return;
+        };
+        let (message, hint) = match fields.iter().find(|f| f.name == g.text) {
+            // The provider computes it: known after deploy.
+            Some(f) if f.computed => return,
+            Some(_) => (
+                format!(
+                    "resource `{}` does not set spec field `{}`, and {} does not compute it: \
+                     it will never have a value",
+                    r.name.value, g.text, ty.value
+                ),
+                Some(format!(
+                    "set `{}` in the spec of `{}`",
+                    g.text, r.name.value
+                )),
+            ),
+            None => (
+                format!(
+                    "resource `{}` ({}) has no spec field `{}`: the blueprint does not set it \
+                     and the type's schema does not declare it",
+                    r.name.value, ty.value, g.text
+                ),
+                did_you_mean(&g.text, fields.iter().map(|f| f.name.as_str()))
+                    .map(|s| format!("did you mean `{s}`?")),
+            ),
+        };
+        self.push(&codes::SPEC_FIELD_UNKNOWN, g.span, message, hint);
     }
 
     fn depends_on(&mut self, i: usize, r: &'a Resource, node: usize) {
@@ -718,6 +768,7 @@ impl<'a, 'o> Checker<'a, 'o> {
     /// An export `field` is a plain reference, written without `${..}`.
     fn export_field(
         &mut self,
+        name: &str,
         field: &Spanned<String>,
         declared: Static,
         src: &SourceFile,
@@ -750,7 +801,7 @@ impl<'a, 'o> Checker<'a, 'o> {
                         &codes::EXPORT_TYPE_MISMATCH,
                         field.span,
                         format!(
-                            "export declares type {} but `{}` is {}",
+                            "export `{name}` declares type {} but `{}` is {}",
                             declared.as_str(),
                             field.value,
                             article_of(got.as_str())
