@@ -2,153 +2,12 @@
 //! and a rollback undoes what the operation did to its children. The real `trellis serve` with
 //! the real `local` and `sim` plugins, driven by the real CLI.
 
+mod engine_common;
 mod plugins_common;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-
-use plugins_common::{TempDir, workspace_binary};
+use engine_common::{Engine, actions, pairs, read, write};
+use plugins_common::TempDir;
 use serde_json::Value;
-
-/// A running engine on a free port with its own data directory; killed on drop.
-struct Engine {
-    child: Child,
-    addr: String,
-    root: PathBuf,
-}
-
-fn plugin_dir(root: &Path) -> PathBuf {
-    let dir = root.join("plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    for bin in ["trellis-provider-local", "trellis-provider-sim"] {
-        let path = workspace_binary(bin, bin, "TRELLIS_TEST_NONE");
-        let link = dir.join(bin);
-        if !link.exists() {
-            std::os::unix::fs::symlink(path, link).unwrap();
-        }
-    }
-    dir
-}
-
-impl Engine {
-    /// State and plugins under `root`, which is also the working directory (what `local`
-    /// paths are relative to, and where the CLI runs).
-    fn start(root: &Path) -> Engine {
-        let plugins = plugin_dir(root);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--no-bundled-plugins"])
-            .arg("--plugin-dir")
-            .arg(&plugins)
-            .arg("--data-dir")
-            .arg(root.join("data"))
-            .current_dir(root)
-            .env("TRELLIS_LOG_LEVEL", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start trellis serve");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(a) = line.strip_prefix("trellis engine listening on ") {
-                        break a.trim().to_owned();
-                    }
-                }
-                _ => panic!("trellis serve exited before listening"),
-            }
-        };
-        // Keep draining stdout so the engine never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Engine {
-            child,
-            addr,
-            root: root.to_path_buf(),
-        }
-    }
-
-    fn cli(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .args(args)
-            .args(["--engine", &self.addr])
-            .current_dir(&self.root)
-            .output()
-            .expect("run trellis")
-    }
-
-    fn json(&self, args: &[&str]) -> (i32, Value) {
-        let mut all = args.to_vec();
-        all.extend(["--format", "json"]);
-        let out = self.cli(&all);
-        let code = out.status.code().unwrap_or(-1);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-            panic!(
-                "{args:?}: not JSON ({e}); exit {code}\nstdout: {text}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (code, v)
-    }
-
-    fn instance(&self, name: &str) -> Value {
-        let (code, v) = self.json(&["instance", name]);
-        assert_eq!(code, 0, "{v}");
-        v
-    }
-
-    /// The kinds and payloads of an instance's events.
-    fn events(&self, instance: &str) -> Vec<(String, Value)> {
-        let out = self.cli(&["events", "--instance", instance, "--format", "json"]);
-        assert_eq!(out.status.code(), Some(0), "{out:?}");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| {
-                let v: Value = serde_json::from_str(l).unwrap();
-                (v["kind"].as_str().unwrap().to_owned(), v["payload"].clone())
-            })
-            .collect()
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn write(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-}
-
-fn read(path: PathBuf) -> String {
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// `(name, action)` of each entry of a JSON list of resource changes.
-fn actions(list: &Value) -> Vec<(String, String)> {
-    list.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["name"].as_str().unwrap().to_owned(),
-                r["action"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
-}
-
-fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
-    items
-        .iter()
-        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
-        .collect()
-}
 
 /// The child of a change set (JSON) named `name`.
 fn child<'a>(cs: &'a Value, name: &str) -> &'a Value {
@@ -335,8 +194,8 @@ fn the_parents_change_set_lists_each_childs_changes() {
         .as_str()
         .unwrap()
         .to_owned();
-    assert_eq!(read(root.join("shared/b.txt")), format!("first {digest}"));
-    assert_eq!(read(root.join("pointer.txt")), "shared/b.txt");
+    assert_eq!(read(&root.join("shared/b.txt")), format!("first {digest}"));
+    assert_eq!(read(&root.join("pointer.txt")), "shared/b.txt");
 
     // Nothing changed: nothing to do, the children's exports known from their state.
     let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "main"]);
@@ -394,7 +253,7 @@ fn the_parents_change_set_lists_each_childs_changes() {
     write(&root.join("parts/b.yaml"), &child_b("third"));
     let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "main"]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(read(root.join("shared/b.txt")), format!("third {digest}"));
+    assert_eq!(read(&root.join("shared/b.txt")), format!("third {digest}"));
 
     // A child no longer included is planned as deleted, with everything it has.
     write(
@@ -470,7 +329,7 @@ fn a_rollback_undoes_what_the_operation_did_to_the_children() {
     );
     let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "main"]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(read(root.join("store/data.txt")), "v1");
+    assert_eq!(read(&root.join("store/data.txt")), "v1");
 
     // v2: store is updated, cache is new, then the parent's own new resource fails.
     write(&root.join("parts/store.yaml"), &store("v2"));
@@ -494,7 +353,7 @@ fn a_rollback_undoes_what_the_operation_did_to_the_children() {
     // The child the operation created is gone; the one it updated is as it was.
     assert!(!root.join("store/cache.txt").exists());
     assert_eq!(engine.instance("main/cache")["status"], "DESTROYED");
-    assert_eq!(read(root.join("store/data.txt")), "v1");
+    assert_eq!(read(&root.join("store/data.txt")), "v1");
     let store_state = engine.instance("main/store");
     assert_eq!(
         store_state["resources"]["file"]["spec"]["content"], "v1",
@@ -545,7 +404,7 @@ fn a_rollback_undoes_what_the_operation_did_to_the_children() {
     assert_eq!(engine.instance("main")["status"], "ROLLBACK_COMPLETE");
     assert_eq!(engine.instance("main/cache")["status"], "ROLLBACK_COMPLETE");
     assert!(!root.join("store/cache.txt").exists());
-    assert_eq!(read(root.join("store/data.txt")), "v1");
+    assert_eq!(read(&root.join("store/data.txt")), "v1");
     assert_eq!(
         engine.instance("main/store")["resources"]["file"]["spec"]["content"],
         "v1"
@@ -554,5 +413,5 @@ fn a_rollback_undoes_what_the_operation_did_to_the_children() {
     // Without rollback, the same failure leaves the children as deployed.
     let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "main"]);
     assert_eq!(code, 1, "{out}");
-    assert_eq!(read(root.join("store/data.txt")), "v2");
+    assert_eq!(read(&root.join("store/data.txt")), "v2");
 }

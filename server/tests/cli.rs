@@ -372,3 +372,22 @@ fn eval_reports_missing_required_variables() {
     ]);
     assert_eq!((code, v), (Some(0), serde_json::json!({"value": "eu"})));
 }
+
+#[test]
+fn eval_expand_masks_annotations_that_read_secrets() {
+    let dir = temp_dir("annotation-secret");
+    let path = write(
+        &dir,
+        "bp.yaml",
+        "version: 2023-04-20\nvariables:\n  token:\n    type: string\n    secret: true\n    \
+         default: hunter2-Zq8v\nresources:\n  a:\n    type: x/y\n    metadata:\n      \
+         annotations:\n        x.auth: \"Bearer ${variables.token}\"\n        x.plain: open\n    \
+         spec:\n      r: 1\n",
+    );
+    let (code, v) = eval_json(&["--blueprint", &path, "--expand"]);
+    assert_eq!(code, Some(0), "{v}");
+    let annotations = &v["resources"][0]["metadata"]["annotations"];
+    assert_eq!(annotations["x.auth"], "(sensitive)", "{v}");
+    assert_eq!(annotations["x.plain"], "open", "{v}");
+    assert!(!v.to_string().contains("hunter2"), "{v}");
+}

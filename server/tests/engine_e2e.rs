@@ -1,162 +1,16 @@
 //! End to end: the real `trellis serve` binary with the real `local` and `sim` plugins, driven
 //! by the real CLI (and, for watch resumption, a raw gRPC client).
 
+mod engine_common;
 mod plugins_common;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use plugins_common::{TempDir, workspace_binary};
+use engine_common::{Engine, actions, assert_interrupted, link_actions, planned_new, write};
+use plugins_common::TempDir;
 use serde_json::Value;
-
-/// A running engine on a free port with its own data directory; killed on drop.
-struct Engine {
-    child: Child,
-    addr: String,
-    root: PathBuf,
-    plugins: PathBuf,
-    data: PathBuf,
-}
-
-fn plugin_dir(root: &Path) -> PathBuf {
-    let dir = root.join("plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    for (package, bin) in [
-        ("trellis-provider-local", "trellis-provider-local"),
-        ("trellis-provider-sim", "trellis-provider-sim"),
-    ] {
-        let path = workspace_binary(package, bin, "TRELLIS_TEST_NONE");
-        let link = dir.join(bin);
-        if !link.exists() {
-            std::os::unix::fs::symlink(path, link).unwrap();
-        }
-    }
-    dir
-}
-
-impl Engine {
-    fn start(root: &TempDir) -> Engine {
-        Engine::start_with(root.path(), &[])
-    }
-
-    fn start_with(root: &Path, extra: &[&str]) -> Engine {
-        Engine::start_env(root, extra, &[])
-    }
-
-    fn start_env(root: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Engine {
-        Engine::start_in(root, root, extra, env)
-    }
-
-    /// State and plugins under `root`, working directory (what `local` paths are relative to,
-    /// and where the CLI runs) `cwd`.
-    fn start_in(root: &Path, cwd: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Engine {
-        let plugins = plugin_dir(root);
-        let data = root.join("data");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--no-bundled-plugins"])
-            .arg("--plugin-dir")
-            .arg(&plugins)
-            .arg("--data-dir")
-            .arg(&data)
-            .args(extra)
-            .current_dir(cwd)
-            .env("TRELLIS_LOG_LEVEL", "warn")
-            .envs(env.iter().map(|(k, v)| (*k, *v)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start trellis serve");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(a) = line.strip_prefix("trellis engine listening on ") {
-                        break a.trim().to_owned();
-                    }
-                }
-                _ => panic!("trellis serve exited before listening"),
-            }
-        };
-        // Keep draining stdout so the engine never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Engine {
-            child,
-            addr,
-            root: cwd.to_path_buf(),
-            plugins,
-            data,
-        }
-    }
-
-    /// Runs a client command against this engine.
-    fn cli(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .args(args)
-            .args(["--engine", &self.addr])
-            .current_dir(&self.root)
-            .output()
-            .expect("run trellis")
-    }
-
-    fn json(&self, args: &[&str]) -> (i32, Value) {
-        let mut all = args.to_vec();
-        all.extend(["--format", "json"]);
-        let out = self.cli(&all);
-        let code = out.status.code().unwrap_or(-1);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-            panic!(
-                "{args:?}: not JSON ({e}); exit {code}\nstdout: {text}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (code, v)
-    }
-
-    fn instance(&self, name: &str) -> Value {
-        let (code, v) = self.json(&["instance", name]);
-        assert_eq!(code, 0, "{v}");
-        v
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM, then wait for a clean exit.
-    fn terminate(&mut self) -> Option<i32> {
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn write(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-}
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -222,31 +76,17 @@ exports:
     field: resources.config.spec.path
 "#;
 
-fn resource_names(plan: &Value) -> Vec<(String, String)> {
-    plan["changeSet"]["resources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["name"].as_str().unwrap().to_owned(),
-                r["action"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn deploy_change_and_destroy_local_resources() {
     let root = TempDir::new("e2e-local");
-    let engine = Engine::start(&root);
+    let engine = Engine::start(root.path());
     write(&root.join("app.yaml"), APP_V1);
 
     // First plan: everything is new.
     let (code, plan) = engine.json(&["plan", "app.yaml", "--instance", "app"]);
     assert_eq!(code, 0, "{plan}");
     assert_eq!(
-        resource_names(&plan),
+        actions(&plan["changeSet"]["resources"]),
         [
             ("dir".into(), "CREATE".into()),
             ("config".into(), "CREATE".into()),
@@ -274,7 +114,9 @@ fn deploy_change_and_destroy_local_resources() {
     // Planning the same blueprint again changes nothing.
     let (_, again) = engine.json(&["plan", "app.yaml", "--instance", "app"]);
     assert!(
-        resource_names(&again).iter().all(|(_, a)| a == "NO_CHANGE"),
+        actions(&again["changeSet"]["resources"])
+            .iter()
+            .all(|(_, a)| a == "NO_CHANGE"),
         "{again}"
     );
 
@@ -380,7 +222,7 @@ fn sim_blueprint(fail: bool) -> String {
 #[test]
 fn failed_deploy_with_rollback_restores_the_previous_state() {
     let root = TempDir::new("e2e-rollback");
-    let engine = Engine::start(&root);
+    let engine = Engine::start(root.path());
     let v1 = "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      payload: v1-a\n";
     write(&root.join("sim.yaml"), v1);
     let (code, out) = engine.json(&["deploy", "sim.yaml", "--instance", "s"]);
@@ -413,7 +255,7 @@ fn failed_deploy_with_rollback_restores_the_previous_state() {
 #[test]
 fn two_clients_executing_at_once_run_exactly_one_operation() {
     let root = TempDir::new("e2e-race");
-    let engine = Engine::start(&root);
+    let engine = Engine::start(root.path());
     let bp = "version: 2023-04-20\nresources:\n  slow:\n    type: sim/resource\n    spec:\n      latencyMs: 300\n";
     write(&root.join("race.yaml"), bp);
     let (_, p1) = engine.json(&["plan", "race.yaml", "--instance", "r"]);
@@ -435,7 +277,7 @@ fn two_clients_executing_at_once_run_exactly_one_operation() {
                 "--format".to_owned(),
                 "json".to_owned(),
             ];
-            let dir = engine.root.clone();
+            let dir = engine.cwd.clone();
             std::thread::spawn(move || {
                 Command::new(env!("CARGO_BIN_EXE_trellis"))
                     .args(&args)
@@ -468,13 +310,38 @@ fn many_sims(n: usize, latency: u64) -> String {
     s
 }
 
-#[test]
-fn engine_killed_mid_deploy_loses_nothing_and_reconcile_recovers() {
-    let root = TempDir::new("e2e-kill");
+/// What [`killed_mid_deploy`] leaves: the restarted engine, and the names the plugin's journal
+/// shows created before the kill.
+struct Killed {
+    engine: Engine,
+    journal: std::path::PathBuf,
+    made: Vec<String>,
+    /// How many resources state showed CREATING (a create in flight) after the restart.
+    creating: usize,
+    /// Keep it bound (`_root`, not `..`) while the engine works in it.
+    _root: TempDir,
+}
+
+/// The names a sim journal shows created, in order.
+fn journaled(journal: &Path) -> Vec<String> {
+    std::fs::read_to_string(journal)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("created ").map(str::to_owned))
+        .collect()
+}
+
+/// A 200-resource sim deploy whose engine is killed (SIGKILL) part way, then restarted: checks
+/// that nothing the plugin created is missing from state, that the instance and the operation
+/// are INTERRUPTED, and that drift names the calls left in flight.
+fn killed_mid_deploy(tag: &str) -> Killed {
+    let root = TempDir::new(tag);
     let journal = root.join("journal.txt");
     // Plugins inherit the engine's environment.
-    let env = [("TRELLIS_SIM_JOURNAL", journal.as_path())];
-    let mut engine = Engine::start_env(root.path(), &["--max-parallel", "8"], &env);
+    let mut engine = Engine::builder(root.path())
+        .args(&["--max-parallel", "8"])
+        .env("TRELLIS_SIM_JOURNAL", &journal)
+        .start();
     write(&root.join("many.yaml"), &many_sims(200, 40));
     let (code, plan) = engine.json(&["plan", "many.yaml", "--instance", "big"]);
     assert_eq!(code, 0, "{plan}");
@@ -487,13 +354,7 @@ fn engine_killed_mid_deploy_loses_nothing_and_reconcile_recovers() {
         .spawn()
         .unwrap();
     // Kill the engine once the plugin has created some, but not all, resources.
-    let created = |p: &Path| {
-        std::fs::read_to_string(p)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| l.trim_start_matches("created ").to_owned())
-            .collect::<Vec<_>>()
-    };
+    let created = journaled;
     let deadline = Instant::now() + Duration::from_secs(60);
     while created(&journal).len() < 40 {
         assert!(Instant::now() < deadline, "the deploy made no progress");
@@ -509,9 +370,17 @@ fn engine_killed_mid_deploy_loses_nothing_and_reconcile_recovers() {
     let made = created(&journal);
     assert!(made.len() < 200, "the deploy finished before the kill");
 
-    let engine = Engine::start_env(root.path(), &["--max-parallel", "8"], &env);
-    let inst = engine.instance("big");
-    assert_eq!(inst["status"], "INTERRUPTED", "{inst}");
+    let engine = Engine::builder(root.path())
+        .args(&["--max-parallel", "8"])
+        .env("TRELLIS_SIM_JOURNAL", &journal)
+        .start();
+    let op = engine
+        .events("big")
+        .iter()
+        .find(|(kind, p)| kind == "operation.started" && p["kind"] == "deploy")
+        .and_then(|(_, p)| p["operation"].as_str().map(str::to_owned))
+        .expect("the deploy started");
+    let (inst, creating) = assert_interrupted(&engine, &op, "big");
     let resources = inst["resources"].as_object().unwrap();
     for name in &made {
         assert!(
@@ -519,21 +388,18 @@ fn engine_killed_mid_deploy_loses_nothing_and_reconcile_recovers() {
             "{name} was created by the plugin but is not in state"
         );
     }
-    // Drift names the calls left in flight.
-    let (code, drift) = engine.json(&["drift", "--instance", "big"]);
-    let unresolved = drift["resources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["kind"] == "UNRESOLVED")
-        .count();
-    let creating = resources
-        .values()
-        .filter(|r| r["status"] == "CREATING")
-        .count();
-    assert_eq!(unresolved, creating, "{drift}");
-    assert_eq!(code, if creating > 0 { 3 } else { 0 }, "{drift}");
+    Killed {
+        engine,
+        journal,
+        made,
+        creating,
+        _root: root,
+    }
+}
 
+#[test]
+fn engine_killed_mid_deploy_loses_nothing_and_reconcile_reapply_recovers() {
+    let Killed { engine, _root, .. } = killed_mid_deploy("e2e-kill");
     // Reconcile settles every recorded resource; a new deploy finishes the rest.
     let (code, out) = engine.json(&["reconcile", "--instance", "big", "--mode", "reapply"]);
     assert_eq!(code, 0, "{out}");
@@ -553,10 +419,61 @@ fn engine_killed_mid_deploy_loses_nothing_and_reconcile_recovers() {
     assert_eq!(inst["status"], "UPDATED", "{inst}");
 }
 
+/// Accept records what the provider says exists and creates nothing: every resource the
+/// plugin created is kept, every create that never happened is forgotten.
+#[test]
+fn engine_killed_mid_deploy_and_reconcile_accept_records_what_exists() {
+    let Killed {
+        engine,
+        journal,
+        made,
+        creating,
+        _root,
+    } = killed_mid_deploy("e2e-kill-accept");
+    // The kill lands mid-turn: creates were in flight (the scheduler records the next intents
+    // with each batch of outcomes), so accept has unfinished creates to settle.
+    assert!(creating > 0, "no create was in flight at the kill");
+    let (code, out) = engine.json(&["reconcile", "--instance", "big", "--mode", "accept"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(journaled(&journal), made, "accept created something");
+    let inst = engine.instance("big");
+    let resources = inst["resources"].as_object().unwrap();
+    let mut kept: Vec<&String> = resources.keys().collect();
+    kept.sort();
+    let mut expected: Vec<&String> = made.iter().collect();
+    expected.sort();
+    assert_eq!(kept, expected, "{inst}");
+    assert!(
+        resources.values().all(|r| r["status"] == "CREATED"),
+        "{inst}"
+    );
+    // Adopted resources carry the provider's id, as created ones do.
+    assert!(
+        resources.values().all(|r| r["externalId"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("sim-"))
+            && r["externalId"] == r["state"]["id"]),
+        "{inst}"
+    );
+    let (code, drift) = engine.json(&["drift", "--instance", "big"]);
+    assert_eq!(code, 0, "{drift}");
+    // The next deploy creates exactly the rest.
+    let (code, out) = engine.json(&["deploy", "many.yaml", "--instance", "big"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(journaled(&journal).len(), 200);
+    assert_eq!(
+        engine.instance("big")["resources"]
+            .as_object()
+            .unwrap()
+            .len(),
+        200
+    );
+}
+
 #[test]
 fn sigterm_drains_and_exits_zero() {
     let root = TempDir::new("e2e-term");
-    let mut engine = Engine::start(&root);
+    let mut engine = Engine::start(root.path());
     write(&root.join("one.yaml"), &many_sims(2, 0));
     let (code, out) = engine.json(&["deploy", "one.yaml", "--instance", "t"]);
     assert_eq!(code, 0, "{out}");
@@ -590,9 +507,8 @@ fn sigterm_drains_and_exits_zero() {
     assert_eq!(statuses, [serving, serving]);
     assert_eq!(engine.terminate(), Some(0));
     // The data directory is free again: a new engine opens it and sees the instance.
-    let engine = Engine::start(&root);
+    let engine = Engine::start(root.path());
     assert_eq!(engine.instance("t")["status"], "DEPLOYED");
-    let _ = (&engine.plugins, &engine.data);
 }
 
 mod watch {
@@ -653,7 +569,7 @@ mod watch {
         let root = TempDir::new("e2e-watch");
         let engine = tokio::task::spawn_blocking({
             let p = root.path().to_path_buf();
-            move || Engine::start_with(&p, &["--max-parallel", "4"])
+            move || Engine::builder(&p).args(&["--max-parallel", "4"]).start()
         })
         .await
         .unwrap();
@@ -790,25 +706,11 @@ fn env_lines(root: &TempDir) -> Vec<String> {
 #[test]
 fn links_select_by_label_and_follow_label_changes() {
     let root = TempDir::new("e2e-links");
-    let engine = Engine::start(&root);
+    let engine = Engine::start(root.path());
     write(&root.join("linked.yaml"), &LINKED.replace("LABEL", "demo"));
     let (code, plan) = engine.json(&["plan", "linked.yaml", "--instance", "l"]);
     assert_eq!(code, 0, "{plan}");
-    let links: Vec<(String, String)> = plan["changeSet"]["links"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            (
-                format!(
-                    "{}->{}",
-                    l["resourceA"].as_str().unwrap(),
-                    l["resourceB"].as_str().unwrap()
-                ),
-                l["action"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
+    let links = link_actions(&plan);
     assert!(
         links.contains(&("env->config".into(), "CREATE".into()))
             && links.contains(&("env->appDir".into(), "CREATE".into()))
@@ -906,7 +808,7 @@ fn data_sources_are_fetched_at_plan_time_with_the_spec_operators() {
     write(&site.join("conf/app.env"), "APP=1\n");
     write(&site.join("conf/db.env"), "DB=2\n");
     write(&site.join("notes.txt"), "notes\n");
-    let engine = Engine::start_in(root.path(), &site, &[], &[]);
+    let engine = Engine::builder(root.path()).cwd(&site).start();
     let bp = root.join("ds.yaml");
     let bp_arg = bp.to_str().unwrap();
     // (field, operator, search) and the file the first match must be.
@@ -926,15 +828,12 @@ fn data_sources_are_fetched_at_plan_time_with_the_spec_operators() {
         write(&bp, &datasource_blueprint(field, op, search));
         let (code, plan) = engine.json(&["plan", bp_arg, "--instance", &format!("ds{i}")]);
         assert_eq!(code, 0, "{field} {op} {search}: {plan}");
-        let copy = plan["changeSet"]["resources"][0]["fields"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["path"] == "spec.content")
-            .cloned()
-            .unwrap();
         let want = std::fs::read_to_string(site.join(expected)).unwrap();
-        assert_eq!(copy["new"], want.as_str(), "{field} {op} {search}");
+        assert_eq!(
+            planned_new(&plan, 0, "spec.content"),
+            Some(Value::from(want)),
+            "{field} {op} {search}: {plan}"
+        );
     }
     // Deployed: the copy holds the matched file's content and the export names it.
     write(
@@ -968,7 +867,7 @@ fn data_sources_are_fetched_at_plan_time_with_the_spec_operators() {
 #[test]
 fn cancel_stops_an_operation_at_a_safe_point() {
     let root = TempDir::new("e2e-cancel");
-    let engine = Engine::start(&root);
+    let engine = Engine::start(root.path());
     let bp = "version: 2023-04-20\nresources:\n  first:\n    type: sim/resource\n    spec:\n      latencyMs: 1500\n  second:\n    type: sim/resource\n    dependsOn: [first]\n    spec:\n      latencyMs: 10\n";
     write(&root.join("c.yaml"), bp);
     let args: Vec<String> = [
@@ -984,7 +883,7 @@ fn cancel_stops_an_operation_at_a_safe_point() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let dir = engine.root.clone();
+    let dir = engine.cwd.clone();
     let deploy = std::thread::spawn(move || {
         Command::new(env!("CARGO_BIN_EXE_trellis"))
             .args(&args)
@@ -1023,7 +922,7 @@ fn cancel_stops_an_operation_at_a_safe_point() {
 #[test]
 fn included_children_deploy_in_order_and_feed_each_other() {
     let root = TempDir::new("e2e-children");
-    let engine = Engine::start(&root);
+    let engine = Engine::start(root.path());
     std::fs::create_dir_all(root.join("parts")).unwrap();
     // `store` makes a directory and exports its path; `app` writes a file into the directory
     // it is given and exports the file's path; the parent reads app's export.
@@ -1145,8 +1044,7 @@ fn includes_relative_to_the_working_directory_need_an_allowed_root() {
         &root.join("app_infra/main-blueprint.yaml"),
         "version: 2023-04-20\ninclude:\n  child:\n    path: ${cwd()}/core_infra/child-blueprint.yaml\nexports:\n  dir:\n    type: string\n    field: children.child.dir\n",
     );
-    let allowed = root.path().canonicalize().unwrap();
-    let engine = Engine::start_with(root.path(), &["--allow-path", allowed.to_str().unwrap()]);
+    let engine = Engine::builder(root.path()).allow_path(root.path()).start();
     let (code, out) = engine.json(&[
         "deploy",
         "app_infra/main-blueprint.yaml",
@@ -1167,7 +1065,7 @@ fn includes_relative_to_the_working_directory_need_an_allowed_root() {
     ] {
         std::fs::copy(root.join(f), other.join(f)).unwrap();
     }
-    let engine = Engine::start(&other);
+    let engine = Engine::start(other.path());
     let (code, out) = engine.json(&[
         "deploy",
         "app_infra/main-blueprint.yaml",

@@ -7,128 +7,29 @@
 //! - `${link(a, b)}` of a link created in the same deployment: the resource reading it is
 //!   planned as known after deploy and deployed after the link.
 
+mod engine_common;
 mod plugins_common;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::Output;
 
-use plugins_common::{TempDir, workspace_binary};
+use engine_common::{Engine, write};
+use plugins_common::TempDir;
 use serde_json::{Value, json};
 
-/// A running engine on a free port with its own data directory; killed on drop.
-struct Engine {
-    child: Child,
-    addr: String,
-    cwd: PathBuf,
-}
-
-fn plugin_dir(root: &Path) -> PathBuf {
-    let dir = root.join("plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = "trellis-provider-local";
-    let path = workspace_binary(bin, bin, "TRELLIS_TEST_NONE");
-    let link = dir.join(bin);
-    if !link.exists() {
-        std::os::unix::fs::symlink(path, link).unwrap();
-    }
-    dir
-}
-
-impl Engine {
-    /// State and plugins under `root`; working directory (what `local` paths are relative to,
-    /// what its data source lists, and where the CLI runs) `cwd`.
-    fn start_in(root: &Path, cwd: &Path) -> Engine {
-        let plugins = plugin_dir(root);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--no-bundled-plugins"])
-            .arg("--plugin-dir")
-            .arg(&plugins)
-            .arg("--data-dir")
-            .arg(root.join("data"))
-            .current_dir(cwd)
-            .env("TRELLIS_LOG_LEVEL", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start trellis serve");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(a) = line.strip_prefix("trellis engine listening on ") {
-                        break a.trim().to_owned();
-                    }
-                }
-                _ => panic!("trellis serve exited before listening"),
-            }
-        };
-        // Keep draining stdout so the engine never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Engine {
-            child,
-            addr,
-            cwd: cwd.to_path_buf(),
+/// `trellis drift`: the exit code, and (resource, field path) of every drifted field.
+fn drift(engine: &Engine, instance: &str) -> (i32, Vec<(String, String)>, Value) {
+    let (code, v) = engine.json(&["drift", "--instance", instance]);
+    let mut fields = Vec::new();
+    for r in v["resources"].as_array().cloned().unwrap_or_default() {
+        for f in r["fields"].as_array().cloned().unwrap_or_default() {
+            fields.push((
+                r["name"].as_str().unwrap_or_default().to_owned(),
+                f["path"].as_str().unwrap_or_default().to_owned(),
+            ));
         }
     }
-
-    fn cli(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .args(args)
-            .args(["--engine", &self.addr])
-            .current_dir(&self.cwd)
-            .output()
-            .expect("run trellis")
-    }
-
-    fn json(&self, args: &[&str]) -> (i32, Value) {
-        let mut all = args.to_vec();
-        all.extend(["--format", "json"]);
-        let out = self.cli(&all);
-        let code = out.status.code().unwrap_or(-1);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-            panic!(
-                "{args:?}: not JSON ({e}); exit {code}\nstdout: {text}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (code, v)
-    }
-
-    fn instance(&self, name: &str) -> Value {
-        let (code, v) = self.json(&["instance", name]);
-        assert_eq!(code, 0, "{v}");
-        v
-    }
-
-    /// `trellis drift`: the exit code, and (resource, field path) of every drifted field.
-    fn drift(&self, instance: &str) -> (i32, Vec<(String, String)>, Value) {
-        let (code, v) = self.json(&["drift", "--instance", instance]);
-        let mut fields = Vec::new();
-        for r in v["resources"].as_array().cloned().unwrap_or_default() {
-            for f in r["fields"].as_array().cloned().unwrap_or_default() {
-                fields.push((
-                    r["name"].as_str().unwrap_or_default().to_owned(),
-                    f["path"].as_str().unwrap_or_default().to_owned(),
-                ));
-            }
-        }
-        (code, fields, v)
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn write(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
+    (code, fields, v)
 }
 
 fn stderr(out: &Output) -> String {
@@ -183,7 +84,7 @@ fn link_owned_env_file_lines_are_not_drift() {
     let root = TempDir::new("e2e-ldrift");
     let site = root.join("site");
     std::fs::create_dir_all(&site).unwrap();
-    let engine = Engine::start_in(root.path(), &site);
+    let engine = Engine::builder(root.path()).cwd(&site).start();
     write(&site.join("bp.yaml"), LINKED_ENV);
     let (code, out) = engine.json(&["deploy", "bp.yaml", "--instance", "app"]);
     assert_eq!(code, 0, "{out}");
@@ -197,7 +98,7 @@ fn link_owned_env_file_lines_are_not_drift() {
     );
 
     // The provider reports all three lines; the two the links wrote are theirs: no drift.
-    let (code, fields, v) = engine.drift("app");
+    let (code, fields, v) = drift(&engine, "app");
     assert_eq!((code, fields), (0, vec![]), "{v}");
     assert_eq!(v["drifted"], false, "{v}");
 
@@ -212,14 +113,14 @@ fn link_owned_env_file_lines_are_not_drift() {
 
     // A line added by hand is drift, named by its field (and its value is not shown).
     write(&env, &format!("{deployed}EXTRA='by hand'\n"));
-    let (code, fields, v) = engine.drift("app");
+    let (code, fields, v) = drift(&engine, "app");
     assert_eq!(code, 3, "{v}");
     assert_eq!(fields, [("env".into(), "spec.values.EXTRA".into())], "{v}");
     assert!(!v.to_string().contains("by hand"), "{v}");
 
     // So is a changed static value, shown as it was and as it is.
     write(&env, &deployed.replace("PORT='8080'", "PORT='9090'"));
-    let (code, fields, v) = engine.drift("app");
+    let (code, fields, v) = drift(&engine, "app");
     assert_eq!(code, 3, "{v}");
     assert_eq!(fields, [("env".into(), "spec.values.PORT".into())], "{v}");
     let field = &v["resources"][0]["fields"][0];
@@ -243,7 +144,7 @@ fn link_owned_env_file_lines_are_not_drift() {
         .replace("config.txt'", "elsewhere.txt'");
     assert_ne!(edited, deployed);
     write(&env, &edited);
-    let (code, fields, v) = engine.drift("app");
+    let (code, fields, v) = drift(&engine, "app");
     assert_eq!((code, fields), (0, vec![]), "{v}");
 
     // ...and reconcile leaves them alone: nothing to accept, nothing recorded from them.
@@ -268,7 +169,7 @@ fn link_owned_env_file_lines_are_not_drift() {
     assert!(text.contains("PORT='8081'"), "{text}");
     assert!(text.contains(secret_line), "{text}");
     assert!(!text.contains("elsewhere.txt"), "{text}");
-    let (code, fields, v) = engine.drift("app");
+    let (code, fields, v) = drift(&engine, "app");
     assert_eq!((code, fields), (0, vec![]), "{v}");
 
     let (code, out) = engine.json(&["destroy", "--instance", "app"]);
@@ -323,7 +224,7 @@ fn data_source_json_mappings_filter_with_has_key() {
         r#"{"name": "b", "owner": {"team": "core"}}"#,
     );
     write(&site.join("list.json"), r#"[{"owner": "x"}]"#);
-    let engine = Engine::start_in(root.path(), &site);
+    let engine = Engine::builder(root.path()).cwd(&site).start();
     let bp = root.join("ds.yaml");
     let bp_arg = bp.to_str().unwrap();
 
@@ -390,7 +291,7 @@ fn link_data_created_in_the_same_deployment_feeds_a_later_resource() {
     let root = TempDir::new("e2e-ldata");
     let site = root.join("site");
     std::fs::create_dir_all(&site).unwrap();
-    let engine = Engine::start_in(root.path(), &site);
+    let engine = Engine::builder(root.path()).cwd(&site).start();
     // `manifest` reads the data of the env file's link to `config`, which this deployment
     // creates: it can only be applied once both ends are deployed and the link is.
     let blueprint = format!(

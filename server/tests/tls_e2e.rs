@@ -3,14 +3,15 @@
 //! from an allow-listed host (the HTTPS server runs in this test), refused from other hosts
 //! and past `--max-include-bytes`. Certificates are made at test time with rcgen.
 
+mod engine_common;
 mod plugins_common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use plugins_common::{TempDir, workspace_binary};
+use engine_common::Engine;
+use plugins_common::TempDir;
 use serde_json::Value;
 use tokio_rustls::rustls;
 
@@ -54,102 +55,6 @@ fn make_pki(dir: &Path) -> Pki {
     pki
 }
 
-fn plugin_dir(root: &Path) -> PathBuf {
-    let dir = root.join("plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = workspace_binary(
-        "trellis-provider-local",
-        "trellis-provider-local",
-        "TRELLIS_TEST_NONE",
-    );
-    let link = dir.join("trellis-provider-local");
-    if !link.exists() {
-        std::os::unix::fs::symlink(path, link).unwrap();
-    }
-    dir
-}
-
-/// A running `trellis serve` on a free port, working in `root`; killed on drop.
-struct Engine {
-    child: Child,
-    /// As printed: `127.0.0.1:PORT` or `https://127.0.0.1:PORT`.
-    addr: String,
-    root: PathBuf,
-}
-
-impl Engine {
-    fn start(root: &Path, extra: &[&str]) -> Engine {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--no-bundled-plugins"])
-            .arg("--plugin-dir")
-            .arg(plugin_dir(root))
-            .arg("--data-dir")
-            .arg(root.join("data"))
-            .args(extra)
-            .current_dir(root)
-            .env("TRELLIS_LOG_LEVEL", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start trellis serve");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(a) = line.strip_prefix("trellis engine listening on ") {
-                        break a.trim().to_owned();
-                    }
-                }
-                _ => panic!("trellis serve exited before listening"),
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        Engine {
-            child,
-            addr,
-            root: root.to_path_buf(),
-        }
-    }
-
-    fn port(&self) -> &str {
-        self.addr.rsplit(':').next().unwrap()
-    }
-
-    /// A client command with `--engine ADDR` and any other flags.
-    fn cli(&self, engine: &str, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .args(args)
-            .args(["--engine", engine])
-            .current_dir(&self.root)
-            .env_remove("TRELLIS_CA_CERT")
-            .output()
-            .expect("run trellis")
-    }
-
-    fn json(&self, args: &[&str]) -> (i32, Value) {
-        let mut all = args.to_vec();
-        all.extend(["--format", "json"]);
-        let out = self.cli(&self.addr, &all);
-        let code = out.status.code().unwrap_or(-1);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-            panic!(
-                "{args:?}: not JSON ({e}); exit {code}\nstdout: {text}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (code, v)
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve_with_tls_args(pki: &Pki) -> Vec<String> {
     vec![
         "--tls-cert".into(),
@@ -165,7 +70,7 @@ fn cli_reaches_a_tls_engine_with_its_ca() {
     let pki = make_pki(root.path());
     let args = serve_with_tls_args(&pki);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let engine = Engine::start(root.path(), &args);
+    let engine = Engine::builder(root.path()).args(&args).start();
     assert!(
         engine.addr.starts_with("https://127.0.0.1:"),
         "{}",
@@ -176,7 +81,7 @@ fn cli_reaches_a_tls_engine_with_its_ca() {
 
     // Trusting the test CA: the command works, by name and by IP address.
     for addr in [https.as_str(), engine.addr.as_str()] {
-        let out = engine.cli(addr, &["instances", "--ca-cert", ca, "--format", "json"]);
+        let out = engine.cli_at(addr, &["instances", "--ca-cert", ca, "--format", "json"]);
         assert_eq!(
             out.status.code(),
             Some(0),
@@ -201,7 +106,7 @@ fn cli_reaches_a_tls_engine_with_its_ca() {
     );
 
     // Without the CA the certificate is not trusted: exit 2 and a message saying so.
-    let out = engine.cli(&https, &["instances"]);
+    let out = engine.cli_at(&https, &["instances"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.starts_with("error: "), "{stderr}");
@@ -212,12 +117,12 @@ fn cli_reaches_a_tls_engine_with_its_ca() {
     assert!(!stderr.contains('\u{1b}'), "{stderr}");
 
     // Plain HTTP/2 to a TLS engine fails; a CA file that is not one is a usage error.
-    let out = engine.cli(
+    let out = engine.cli_at(
         &format!("http://localhost:{}", engine.port()),
         &["instances"],
     );
     assert_eq!(out.status.code(), Some(2));
-    let out = engine.cli(
+    let out = engine.cli_at(
         &https,
         &["instances", "--ca-cert", pki.key.to_str().unwrap()],
     );
@@ -396,17 +301,16 @@ fn https_includes_come_only_from_allow_listed_hosts_within_the_size_limit() {
         ],
     );
     let allowed = format!("localhost:{port}");
-    let engine = Engine::start(
-        root.path(),
-        &[
+    let engine = Engine::builder(root.path())
+        .args(&[
             "--allow-include-host",
             &allowed,
             "--include-ca-cert",
             pki.ca.to_str().unwrap(),
             "--max-include-bytes",
             "2000",
-        ],
-    );
+        ])
+        .start();
 
     // From the allow-listed host: the child and the file it includes relative to its URL.
     std::fs::write(

@@ -1,0 +1,385 @@
+//! The harness of the end-to-end tests: a real `trellis serve` on a free port with its own data
+//! directory and the real bundled plugins, driven by the real `trellis` CLI.
+#![allow(dead_code)]
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::plugins_common::workspace_binary;
+
+/// The provider plugins every end-to-end engine gets.
+const PROVIDERS: [&str; 2] = ["trellis-provider-local", "trellis-provider-sim"];
+
+/// `root/plugins`, holding links to the workspace's provider binaries.
+pub fn plugin_dir(root: &Path) -> PathBuf {
+    let dir = root.join("plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    for bin in PROVIDERS {
+        let path = workspace_binary(bin, bin, "TRELLIS_TEST_NONE");
+        let link = dir.join(bin);
+        if !link.exists() {
+            std::os::unix::fs::symlink(path, link).unwrap();
+        }
+    }
+    dir
+}
+
+/// How to start an engine: state and plugins under `root`; the working directory (what `local`
+/// paths are relative to, and where the CLI runs) `root` unless set.
+pub struct EngineBuilder {
+    root: PathBuf,
+    cwd: PathBuf,
+    listen: String,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    capture_stderr: bool,
+}
+
+impl EngineBuilder {
+    /// `--listen` (default `127.0.0.1:0`, a free port); `unix:PATH` for a Unix socket.
+    pub fn listen(mut self, addr: &str) -> Self {
+        self.listen = addr.to_owned();
+        self
+    }
+
+    /// `--allow-path DIR` (canonical, as the engine stores its roots).
+    pub fn allow_path(self, dir: &Path) -> Self {
+        let dir = dir.canonicalize().expect("an allowed root that exists");
+        self.args(&[std::ffi::OsStr::new("--allow-path"), dir.as_os_str()])
+    }
+
+    /// Keeps what the engine writes to stderr (its logs) for [`Engine::stop`], instead of
+    /// passing it through to the test's output.
+    pub fn capture_stderr(mut self) -> Self {
+        self.capture_stderr = true;
+        self
+    }
+
+    pub fn cwd(mut self, cwd: &Path) -> Self {
+        self.cwd = cwd.to_path_buf();
+        self
+    }
+
+    /// Extra `trellis serve` arguments.
+    pub fn args<S: AsRef<std::ffi::OsStr>>(mut self, args: &[S]) -> Self {
+        self.args
+            .extend(args.iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.env.push((key.into(), value.as_ref().to_os_string()));
+        self
+    }
+
+    pub fn start(self) -> Engine {
+        let plugins = plugin_dir(&self.root);
+        let data = self.root.join("data");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .arg("serve")
+            .args(["--listen", &self.listen, "--no-bundled-plugins"])
+            .arg("--plugin-dir")
+            .arg(&plugins)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(&self.args)
+            .current_dir(&self.cwd)
+            .env("TRELLIS_LOG_LEVEL", "warn")
+            .env_remove("TRELLIS_LOG_FORMAT")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(if self.capture_stderr {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
+            .spawn()
+            .expect("start trellis serve");
+        // Read on a thread of its own, so a chatty engine never blocks on a full pipe.
+        let stderr = child.stderr.take().map(|mut err| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = std::io::Read::read_to_string(&mut err, &mut s);
+                s
+            })
+        });
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(a) = line.strip_prefix("trellis engine listening on ") {
+                        break a.trim().to_owned();
+                    }
+                }
+                _ => {
+                    let _ = child.wait();
+                    let logs = stderr.map(|t| t.join().unwrap()).unwrap_or_default();
+                    panic!("trellis serve exited before listening\n{logs}");
+                }
+            }
+        };
+        // Keep draining stdout so the engine never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Engine {
+            child,
+            addr,
+            cwd: self.cwd,
+            plugins,
+            data,
+            stderr,
+        }
+    }
+}
+
+/// A running engine; killed on drop.
+pub struct Engine {
+    child: Child,
+    /// As the engine printed it: `127.0.0.1:PORT`, or `https://127.0.0.1:PORT` with TLS.
+    pub addr: String,
+    /// Where the engine and the CLI run.
+    pub cwd: PathBuf,
+    pub plugins: PathBuf,
+    pub data: PathBuf,
+    /// With [`EngineBuilder::capture_stderr`]: the reader of the engine's stderr.
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Engine {
+    pub fn builder(root: &Path) -> EngineBuilder {
+        EngineBuilder {
+            root: root.to_path_buf(),
+            cwd: root.to_path_buf(),
+            listen: "127.0.0.1:0".to_owned(),
+            args: Vec::new(),
+            env: Vec::new(),
+            capture_stderr: false,
+        }
+    }
+
+    pub fn start(root: &Path) -> Engine {
+        Engine::builder(root).start()
+    }
+
+    pub fn port(&self) -> &str {
+        self.addr.rsplit(':').next().unwrap()
+    }
+
+    /// A client command against this engine.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_at(&self.addr, args)
+    }
+
+    /// A client command against `engine` (another spelling of this engine's address), with no
+    /// CA certificate from the environment.
+    pub fn cli_at(&self, engine: &str, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .args(args)
+            .args(["--engine", engine])
+            .current_dir(&self.cwd)
+            .env_remove("TRELLIS_CA_CERT")
+            .output()
+            .expect("run trellis")
+    }
+
+    /// A client command with `--format json`: its exit code and its output, parsed.
+    pub fn json(&self, args: &[&str]) -> (i32, Value) {
+        let mut all = args.to_vec();
+        all.extend(["--format", "json"]);
+        let out = self.cli(&all);
+        let code = out.status.code().unwrap_or(-1);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+            panic!(
+                "{args:?}: not JSON ({e}); exit {code}\nstdout: {text}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (code, v)
+    }
+
+    /// `trellis instance NAME --format json`, which must succeed.
+    pub fn instance(&self, name: &str) -> Value {
+        let (code, v) = self.json(&["instance", name]);
+        assert_eq!(code, 0, "{v}");
+        v
+    }
+
+    /// The kinds and payloads of an instance's events, in order.
+    pub fn events(&self, instance: &str) -> Vec<(String, Value)> {
+        let out = self.cli(&["events", "--instance", instance, "--format", "json"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                (v["kind"].as_str().unwrap().to_owned(), v["payload"].clone())
+            })
+            .collect()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait (up to 30 s) for the exit; its code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        // SAFETY: signalling a child process we own and have not reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Engine {
+    /// SIGTERM, then the exit code and (with [`EngineBuilder::capture_stderr`]) everything the
+    /// engine wrote to stderr.
+    pub fn stop(mut self) -> (Option<i32>, String) {
+        let code = self.terminate();
+        let logs = self
+            .stderr
+            .take()
+            .map(|t| t.join().unwrap())
+            .unwrap_or_default();
+        (code, logs)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn write(path: &Path, text: &str) {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `(name, action)` of each entry of a JSON list of planned changes (a change set's or a
+/// child's `resources`).
+pub fn actions(list: &Value) -> Vec<(String, String)> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list of changes: {list}"))
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_owned(),
+                r["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// `(a->b, action)` of each planned link of a plan's JSON.
+pub fn link_actions(plan: &Value) -> Vec<(String, String)> {
+    plan["changeSet"]["links"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no links in {plan}"))
+        .iter()
+        .map(|l| {
+            (
+                format!(
+                    "{}->{}",
+                    l["resourceA"].as_str().unwrap(),
+                    l["resourceB"].as_str().unwrap()
+                ),
+                l["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Owned pairs, to compare with [`actions`] and [`link_actions`].
+pub fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+/// After a restart that followed a kill or an unfinished drain: the operation `op` and its
+/// instance are INTERRUPTED (by the API and in the instance's events), and `trellis drift`
+/// names each create left unfinished (CREATING) as UNRESOLVED, exiting 3 when there is one.
+/// The instance as `trellis instance` shows it, and how many of its resources are CREATING.
+pub fn assert_interrupted(engine: &Engine, op: &str, instance: &str) -> (Value, usize) {
+    use trellis_proto::engine::v1 as api;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let status = rt.block_on(async {
+        let Ok(mut client) = trellis::cli_client::connect(&engine.addr).await else {
+            panic!("cannot connect to {}", engine.addr)
+        };
+        client
+            .get_operation(api::GetOperationRequest {
+                operation_id: op.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+    });
+    assert_eq!(
+        api::OperationStatus::try_from(status),
+        Ok(api::OperationStatus::Interrupted)
+    );
+    assert!(
+        engine
+            .events(instance)
+            .iter()
+            .any(|(kind, p)| kind == "operation.interrupted" && p["operation"] == op),
+        "no operation.interrupted event for {op}"
+    );
+    let inst = engine.instance(instance);
+    assert_eq!(inst["status"], "INTERRUPTED", "{inst}");
+    let creating = inst["resources"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|r| r["status"] == "CREATING")
+        .count();
+    let (code, drift) = engine.json(&["drift", "--instance", instance]);
+    let unresolved = drift["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "UNRESOLVED")
+        .count();
+    assert_eq!(unresolved, creating, "{drift}");
+    assert_eq!(code, if creating > 0 { 3 } else { 0 }, "{drift}");
+    (inst, creating)
+}
+
+/// The planned new value of field `path` (`spec.content`) of the `index`th resource change in
+/// a plan's JSON; `None` when that field does not change.
+pub fn planned_new(plan: &Value, index: usize, path: &str) -> Option<Value> {
+    plan["changeSet"]["resources"][index]["fields"]
+        .as_array()?
+        .iter()
+        .find(|f| f["path"] == path)
+        .map(|f| f["new"].clone())
+}
