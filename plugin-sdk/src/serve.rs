@@ -49,7 +49,8 @@ const ENV_LOG: &str = "TRELLIS_PLUGIN_LOG";
 /// serves Plugin, Provider and grpc.health.v1, prints
 /// `TRELLIS_PLUGIN|1|unix|<socket>` and serves until stdin reaches
 /// end-of-file (the engine is gone: calls are cancelled) or SIGTERM/SIGINT
-/// (no new calls; in-flight calls get 10 s, then are cancelled). Exit codes:
+/// (no new calls; in-flight calls get 10 s, or until stdin closes, then are
+/// cancelled). Exit codes:
 /// 0 after a shutdown, 1 when the plugin cannot start, 2 when run by hand
 /// without the environment.
 pub fn serve_provider<P: Provider>(provider: P) -> ExitCode {
@@ -226,8 +227,21 @@ fn stdin_closed() -> oneshot::Receiver<()> {
     rx
 }
 
-async fn stop_requested() -> Stop {
-    let stdin = stdin_closed();
+/// Completes when stdin reaches end-of-file; never if it cannot be watched,
+/// or once it has already completed (a finished receiver must not be polled
+/// again).
+async fn engine_gone(stdin: &mut Option<oneshot::Receiver<()>>) {
+    if let Some(rx) = stdin.as_mut() {
+        let closed = rx.await.is_ok();
+        *stdin = None;
+        if closed {
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
+async fn stop_requested(stdin: &mut Option<oneshot::Receiver<()>>) -> Stop {
     let mut term = signal(SignalKind::terminate()).ok();
     let mut int = signal(SignalKind::interrupt()).ok();
     let term_fut = async {
@@ -246,14 +260,8 @@ async fn stop_requested() -> Stop {
             None => std::future::pending::<()>().await,
         }
     };
-    let stdin = async {
-        if stdin.await.is_err() {
-            // No stdin watcher: only signals stop the plugin.
-            std::future::pending::<()>().await;
-        }
-    };
     tokio::select! {
-        () = stdin => Stop::StdinClosed,
+        () = engine_gone(stdin) => Stop::StdinClosed,
         () = term_fut => Stop::Signal("SIGTERM"),
         () = int_fut => Stop::Signal("SIGINT"),
     }
@@ -293,6 +301,7 @@ async fn run(services: Services, dir: PathBuf) -> ExitCode {
     }
     tracing::info!(socket = %path.display(), "serving");
 
+    let mut stdin = Some(stdin_closed());
     let stop = tokio::select! {
         r = &mut server => {
             // The server stopped on its own: a transport failure.
@@ -305,25 +314,29 @@ async fn run(services: Services, dir: PathBuf) -> ExitCode {
                 }
             };
         }
-        s = stop_requested() => s,
+        s = stop_requested(&mut stdin) => s,
     };
     let calls = services.calls.clone();
     tracing::info!(in_flight = calls.in_flight(), "shutting down ({stop:?})");
     services.set_not_serving(&health).await;
     let _ = shutdown_tx.send(());
-    let grace = match stop {
-        Stop::StdinClosed => {
-            // Nobody is left to receive results.
-            calls.cancel_all();
-            CANCEL_GRACE
+    // Why the remaining calls are cancelled, if they are.
+    let cancel = match stop {
+        Stop::StdinClosed => Some("the engine is gone"),
+        Stop::Signal(_) => {
+            // In-flight calls may finish, unless the engine goes away
+            // meanwhile: the engine's own shutdown closes stdin and signals
+            // at once, and either may arrive first.
+            tokio::select! {
+                r = tokio::time::timeout(TERM_GRACE, &mut server) => {
+                    r.is_err().then_some("calls still running after the grace")
+                }
+                () = engine_gone(&mut stdin) => Some("the engine is gone"),
+            }
         }
-        Stop::Signal(_) => TERM_GRACE,
     };
-    if tokio::time::timeout(grace, &mut server).await.is_err() {
-        tracing::warn!(
-            in_flight = calls.in_flight(),
-            "calls still running; cancelling them"
-        );
+    if let Some(why) = cancel {
+        tracing::info!(in_flight = calls.in_flight(), "{why}; cancelling calls");
         calls.cancel_all();
         if tokio::time::timeout(CANCEL_GRACE, &mut server)
             .await

