@@ -182,7 +182,7 @@ fn plugins_exit_when_the_engine_is_killed() {
     kill(engine.id(), libc::SIGKILL);
     let _ = engine.wait();
     let killed = Instant::now();
-    while !has_exited(plugin) && killed.elapsed() < Duration::from_secs(2) {
+    while !has_exited(plugin) && killed.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(
@@ -208,7 +208,7 @@ fn the_parent_death_signal_kills_a_plugin_that_ignores_stdin() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start trellis");
-    let until = Instant::now() + Duration::from_secs(5);
+    let until = Instant::now() + Duration::from_secs(30);
     let plugin = loop {
         if let Some((pid, _)) = children_of(engine.id()).first() {
             break *pid;
@@ -219,7 +219,7 @@ fn the_parent_death_signal_kills_a_plugin_that_ignores_stdin() {
     kill(engine.id(), libc::SIGKILL);
     let _ = engine.wait();
     let killed = Instant::now();
-    while !has_exited(plugin) && killed.elapsed() < Duration::from_secs(2) {
+    while !has_exited(plugin) && killed.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(has_exited(plugin), "plugin {plugin} outlived the engine");

@@ -48,8 +48,8 @@ async fn a_plugin_that_never_handshakes_fails_at_the_timeout_with_its_stderr() {
     let elapsed = started.elapsed();
     let msg = err.to_string();
     assert!(matches!(err, PluginError::Launch { .. }), "{msg}");
+    // The timeout, not a pipe closing early, ended the wait.
     assert!(elapsed >= Duration::from_secs(1), "{elapsed:?}");
-    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
     assert!(msg.contains("plugin `hang`"), "{msg}");
     assert!(msg.contains("no handshake within 1.0s"), "{msg}");
     assert!(msg.contains("hang: starting up"), "{msg}");
@@ -60,7 +60,7 @@ async fn a_plugin_that_never_handshakes_fails_at_the_timeout_with_its_stderr() {
         .trim()
         .parse()
         .expect("pid");
-    let until = Instant::now() + Duration::from_secs(2);
+    let until = Instant::now() + Duration::from_secs(30);
     while !has_exited(pid) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -82,16 +82,16 @@ async fn a_plugin_exiting_before_the_handshake_fails_at_once() {
         "trellis-provider-early",
         "echo 'early: missing configuration file /etc/early.conf' >&2\nexit 7",
     );
-    let host = PluginHost::new(fixture_config(&root, &dir, Duration::from_secs(10)));
-    let started = Instant::now();
+    let host = PluginHost::new(fixture_config(&root, &dir, Duration::from_secs(600)));
     let err = host
         .provider("early")
         .expect("discovered")
         .start()
         .await
         .expect_err("exits");
-    assert!(started.elapsed() < Duration::from_secs(2));
     let msg = err.to_string();
+    // The exit ended the wait, not the (far longer) launch timeout.
+    assert!(!msg.contains("no handshake"), "{msg}");
     assert!(msg.contains("exit code 7"), "{msg}");
     assert!(msg.contains("/etc/early.conf"), "{msg}");
     host.shutdown().await;
@@ -122,7 +122,9 @@ async fn bad_handshake_lines_are_refused() {
         // Announces a socket nobody listens on.
         "echo \"TRELLIS_PLUGIN|1|unix|$TRELLIS_PLUGIN_SOCKET_DIR/p.sock\"\nsleep 60",
     );
-    let host = PluginHost::new(fixture_config(&root, &dir, Duration::from_secs(5)));
+    // A refusal must not wait for the launch timeout, which is longer than
+    // the test.
+    let host = PluginHost::new(fixture_config(&root, &dir, Duration::from_secs(600)));
     let cases = [
         ("v9", "protocol version `9`"),
         ("outside", "not inside the socket directory"),
@@ -130,7 +132,6 @@ async fn bad_handshake_lines_are_refused() {
         ("deaf", "cannot connect"),
     ];
     for (name, expected) in cases {
-        let started = Instant::now();
         let err = host
             .provider(name)
             .expect("discovered")
@@ -139,10 +140,7 @@ async fn bad_handshake_lines_are_refused() {
             .expect_err("refused");
         let msg = err.to_string();
         assert!(msg.contains(expected), "{name}: {msg}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{name}: no fast failure"
-        );
+        assert!(!msg.contains("no handshake"), "{name}: {msg}");
     }
     host.shutdown().await;
     assert!(
@@ -185,9 +183,7 @@ async fn repeated_failures_open_the_circuit_breaker() {
         let err = crashy.start().await.expect_err("crashes");
         assert!(matches!(err, PluginError::Launch { .. }), "{err}");
     }
-    let started = Instant::now();
     let err = crashy.start().await.expect_err("breaker open");
-    assert!(started.elapsed() < Duration::from_millis(100), "fails fast");
     let msg = err.to_string();
     assert!(matches!(err, PluginError::CircuitOpen { .. }), "{msg}");
     assert!(msg.contains("circuit breaker open"), "{msg}");
@@ -215,15 +211,28 @@ async fn repeated_failures_open_the_circuit_breaker() {
 async fn plugins_launch_in_parallel() {
     let root = TempDir::new("parallel");
     let dir = root.join("plugins");
+    let started = root.join("started");
+    // Each plugin fails (exit 3) only once all three are running at the
+    // same time; launched one after another, the first would wait for the
+    // others until its launch timeout.
     for name in [
         "trellis-provider-slowa",
         "trellis-provider-slowb",
         "trellis-transformer-slowc",
     ] {
-        script(&dir, name, "echo 'not ready' >&2\nexec sleep 60");
+        script(
+            &dir,
+            name,
+            &format!(
+                "echo {name} >> {log}
+                 while [ \"$(wc -l < {log})\" -lt 3 ]; do sleep 0.05; done
+                 echo 'all three are up' >&2
+exit 3",
+                log = started.display()
+            ),
+        );
     }
-    let host = PluginHost::new(fixture_config(&root, &dir, Duration::from_secs(1)));
-    let started = Instant::now();
+    let host = PluginHost::new(fixture_config(&root, &dir, Duration::from_secs(600)));
     let results = host
         .start(&[
             (PluginKind::Provider, "slowa"),
@@ -231,11 +240,12 @@ async fn plugins_launch_in_parallel() {
             (PluginKind::Transformer, "slowc"),
         ])
         .await;
-    let elapsed = started.elapsed();
     assert_eq!(results.len(), 3);
-    assert!(results.iter().all(Result::is_err));
-    // Three 1 s timeouts side by side, not one after another.
-    assert!(elapsed < Duration::from_millis(2500), "{elapsed:?}");
+    for r in &results {
+        let msg = r.as_ref().expect_err("exit 3").to_string();
+        assert!(msg.contains("exit code 3"), "{msg}");
+        assert!(msg.contains("all three are up"), "{msg}");
+    }
     host.shutdown().await;
 }
 

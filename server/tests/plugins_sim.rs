@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use plugins_common::*;
 use trellis::plugins::{
-    CallOptions, HOST_TOKEN_METADATA, PluginError, PluginHost, PluginKind, values,
+    CallOptions, HOST_TOKEN_METADATA, HostConfig, PluginError, PluginHost, PluginKind, values,
 };
 use trellis_proto::plugin::v1 as pb;
 use trellis_proto::plugin::v1::host_client::HostClient;
@@ -62,7 +62,7 @@ async fn sigkill_mid_call_fails_fast_and_the_next_call_restarts() {
         let sim = sim.clone();
         tokio::spawn(async move {
             sim.apply_resource(
-                apply_req("slow", spec(&[("latencyMs", int(30_000))])),
+                apply_req("slow", spec(&[("latencyMs", int(600_000))])),
                 &CallOptions::default(),
                 |_| {},
             )
@@ -70,14 +70,11 @@ async fn sigkill_mid_call_fails_fast_and_the_next_call_restarts() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let killed_at = Instant::now();
     kill(pid, libc::SIGKILL);
     let err = slow
         .await
         .expect("join")
         .expect_err("the call must fail when the plugin dies");
-    let elapsed = killed_at.elapsed();
-    assert!(elapsed < Duration::from_secs(1), "failed after {elapsed:?}");
     let msg = err.to_string();
     assert!(matches!(err, PluginError::Crashed { .. }), "{msg}");
     assert!(msg.contains("`sim`"), "{msg}");
@@ -221,10 +218,9 @@ async fn deadlines_bound_calls() {
     let host = PluginHost::new(config(&root, &dir));
     let sim = host.provider("sim").expect("sim");
     sim.start().await.expect("start");
-    let started = Instant::now();
     let err = sim
         .apply_resource(
-            apply_req("slow", spec(&[("latencyMs", int(20_000))])),
+            apply_req("slow", spec(&[("latencyMs", int(600_000))])),
             &CallOptions {
                 deadline: Some(Duration::from_millis(300)),
                 ..CallOptions::default()
@@ -240,11 +236,6 @@ async fn deadlines_bound_calls() {
     assert!(
         matches!(err, PluginError::DeadlineExceeded { .. }) || by_plugin,
         "{err}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
     );
     // The plugin is still healthy.
     sim.call_function("echo", vec![values::string("x")], &CallOptions::default())
@@ -518,7 +509,7 @@ async fn a_stuck_plugin_fails_its_health_checks_and_is_replaced() {
     assert_eq!(sim.pid(), Some(pid));
     // Freeze it: alive, but answering nothing.
     kill(pid, libc::SIGSTOP);
-    let until = Instant::now() + Duration::from_secs(2);
+    let until = Instant::now() + Duration::from_secs(30);
     while proc_state(pid) != Some('T') && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -543,14 +534,19 @@ async fn a_stuck_plugin_fails_its_health_checks_and_is_replaced() {
 async fn shutdown_ends_calls_in_flight_and_cleans_up() {
     let root = TempDir::new("shutdown");
     let dir = sim_dir(&root);
-    let host = PluginHost::new(config(&root, &dir));
+    // A grace far longer than the test: only a plugin that stops by itself
+    // lets shutdown return before it, and then it exits 0, not by SIGKILL.
+    let host = PluginHost::new(HostConfig {
+        shutdown_grace: Duration::from_secs(600),
+        ..config(&root, &dir)
+    });
     let sim = host.provider("sim").expect("sim");
     let pid = sim.start().await.expect("start");
     let slow = {
         let sim = sim.clone();
         tokio::spawn(async move {
             sim.apply_resource(
-                apply_req("slow", spec(&[("latencyMs", int(60_000))])),
+                apply_req("slow", spec(&[("latencyMs", int(600_000))])),
                 &CallOptions::default(),
                 |_| {},
             )
@@ -558,14 +554,14 @@ async fn shutdown_ends_calls_in_flight_and_cleans_up() {
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let started = Instant::now();
     host.shutdown().await;
-    // SIGTERM: the sim cancels its in-flight call and exits well within
-    // the grace period.
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        started.elapsed()
+    // Stdin closed and SIGTERM: the sim cancels its in-flight call and
+    // exits on its own.
+    let status = host.status();
+    assert_eq!(
+        status[0].last_exit.as_deref(),
+        Some("exit code 0"),
+        "{status:?}"
     );
     let err = slow
         .await

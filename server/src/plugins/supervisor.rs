@@ -180,6 +180,7 @@ struct Health {
     half_open: bool,
     launches: u64,
     crashes: u64,
+    last_exit: Option<String>,
 }
 
 /// What [`super::PluginHost::status`] reports per plugin.
@@ -198,6 +199,9 @@ pub struct PluginStatus {
     pub recent_failures: usize,
     pub breaker_open: bool,
     pub last_error: Option<String>,
+    /// How the last process ended (`exit code 0`, `killed by signal 9
+    /// (SIGKILL)`): shows whether a stop was graceful.
+    pub last_exit: Option<String>,
 }
 
 pub(crate) struct Slot {
@@ -253,6 +257,7 @@ impl Slot {
                 .count(),
             breaker_open: h.open_until.is_some_and(|u| u > now),
             last_error: (!h.last_error.is_empty()).then(|| h.last_error.clone()),
+            last_exit: h.last_exit.clone(),
         }
     }
 
@@ -414,6 +419,7 @@ impl Slot {
                 *cur = None;
             }
         }
+        lock(&self.health).last_exit = Some(info.status.clone());
         if was_live && !info.expected {
             lock(&self.health).crashes += 1;
             let mut msg = format!("pid {} exited unexpectedly: {}", info.pid, info.status);
