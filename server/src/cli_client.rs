@@ -154,8 +154,9 @@ pub struct EngineArgs {
 /// The idempotency key of a mutation.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct RequestIdArgs {
-    /// Idempotency key: a retry with the same id returns the operation the first attempt
-    /// started instead of starting another. Default: a new random id.
+    /// Idempotency key: a retry with the same id returns what the first attempt recorded (its
+    /// change set, its operation) instead of planning or starting again. Default: a new random
+    /// id.
     #[arg(long, value_name = "ID", env = "TRELLIS_REQUEST_ID")]
     pub request_id: Option<String>,
 }
@@ -183,6 +184,8 @@ pub struct PlanArgs {
     /// A variable value, parsed to the variable's declared type.
     #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
     pub vars: Vec<(String, String)>,
+    #[command(flatten)]
+    pub request: RequestIdArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -632,7 +635,8 @@ async fn plan(
     args: &PlanArgs,
     source: pb::BlueprintSource,
 ) -> Result<u8, Failure> {
-    let cs = create_change_set(client, &args.instance, source, &args.vars).await?;
+    let request_id = args.request.resolve();
+    let cs = create_change_set(client, &request_id, &args.instance, source, &args.vars).await?;
     match args.engine.format {
         OutputFormat::Json => emit_json(&json!({ "changeSet": change_set_json(&cs) }))?,
         OutputFormat::Text => emit(&plan_text(&cs, true))?,
@@ -642,11 +646,13 @@ async fn plan(
 
 async fn create_change_set(
     client: &mut Client,
+    request_id: &str,
     instance: &str,
     source: pb::BlueprintSource,
     vars: &[(String, String)],
 ) -> Result<pb::ChangeSet, Failure> {
     let request = pb::CreateChangeSetRequest {
+        request_id: request_id.to_owned(),
         instance: instance.to_owned(),
         source: Some(source),
         variables: variables(vars),
@@ -684,7 +690,9 @@ async fn deploy(
                 planned = get_change_set(client, &op.change_set_id).await;
                 op
             } else {
-                let cs = create_change_set(client, instance, source, &args.vars).await?;
+                // The same id: a retry that had got as far as planning gets that plan back.
+                let cs =
+                    create_change_set(client, &request_id, instance, source, &args.vars).await?;
                 if format == OutputFormat::Text {
                     emit(&plan_text(&cs, false))?;
                 }

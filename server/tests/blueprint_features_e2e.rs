@@ -208,8 +208,26 @@ fn conditions_and_each_shape_the_plan() {
     write(&root.join("bp.yaml"), TEMPLATES);
     let engine = Engine::start(root.path());
 
-    let (code, plan) = engine.json(&["plan", "bp.yaml", "--instance", "t"]);
+    let first = [
+        "plan",
+        "bp.yaml",
+        "--instance",
+        "t",
+        "--request-id",
+        "plan-t",
+    ];
+    let (code, plan) = engine.json(&first);
     assert_eq!(code, 0, "{plan}");
+    // A retry with the request id is the same change set; the id with other variables is not
+    // accepted.
+    let (_, again) = engine.json(&first);
+    assert_eq!(again["changeSet"]["id"], plan["changeSet"]["id"]);
+    let mut other = first.to_vec();
+    other.extend(["--var", "env=production"]);
+    let out = engine.cli(&other);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("already used"), "{stderr}");
     // One resource per element; the false condition leaves `prodOnly` out.
     assert_eq!(
         actions(&plan["changeSet"]["resources"]),

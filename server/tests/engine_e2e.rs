@@ -574,23 +574,48 @@ mod watch {
         .await
         .unwrap();
         let mut c = client(&engine.addr).await;
+        let plan = |content: String| api::CreateChangeSetRequest {
+            request_id: "watch-plan-1".into(),
+            instance: "w".into(),
+            source: Some(api::BlueprintSource {
+                source: Some(api::blueprint_source::Source::Inline(
+                    api::InlineBlueprint {
+                        file_name: "w.yaml".into(),
+                        content: content.into_bytes(),
+                        children: vec![],
+                    },
+                )),
+            }),
+            variables: vec![],
+        };
         let cs = c
-            .create_change_set(api::CreateChangeSetRequest {
+            .create_change_set(plan(many_sims(24, 15)))
+            .await
+            .unwrap()
+            .into_inner();
+        // A retried plan is the same change set; the id for another blueprint is refused.
+        let again = c
+            .create_change_set(plan(many_sims(24, 15)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (again.id.as_str(), again.digest),
+            (cs.id.as_str(), cs.digest.clone())
+        );
+        let reused = c
+            .create_change_set(plan(many_sims(24, 14)))
+            .await
+            .unwrap_err();
+        assert_eq!(reused.code(), tonic::Code::AlreadyExists);
+        let listed = c
+            .list_change_sets(api::ListChangeSetsRequest {
                 instance: "w".into(),
-                source: Some(api::BlueprintSource {
-                    source: Some(api::blueprint_source::Source::Inline(
-                        api::InlineBlueprint {
-                            file_name: "w.yaml".into(),
-                            content: many_sims(24, 15).into_bytes(),
-                            children: vec![],
-                        },
-                    )),
-                }),
-                variables: vec![],
             })
             .await
             .unwrap()
             .into_inner();
+        assert_eq!(listed.change_sets.len(), 1);
         let op = c
             .execute_change_set(api::ExecuteChangeSetRequest {
                 request_id: "watch-test-1".into(),

@@ -370,6 +370,10 @@ async fn data_survives_reopen() {
             planned_version: 3,
             digest: "d".into(),
             body: json!({ "plan": [1, 2.5, null, { "nested": true }] }),
+            request: Some(RequestKey {
+                id: "plan-1".into(),
+                digest: "r".into(),
+            }),
         })
         .await
         .unwrap();
@@ -426,6 +430,7 @@ async fn bad_rows_are_corrupt_errors_not_panics() {
             planned_version: 0,
             digest: "d".into(),
             body: json!({}),
+            request: None,
         })
         .await
         .unwrap();

@@ -35,7 +35,7 @@ use crate::plugins::PluginHost;
 use crate::state::{
     Change, ChangeSet, ChangeSetStatus, Conflict, InstanceState, InstanceStatus, InterruptScope,
     Lease, NewChangeSet, NewEvent, NewOperation, Operation, OperationKind, OperationStatus,
-    Resource, ResourceStatus, StateError, StateStore,
+    RequestKey, Resource, ResourceStatus, StateError, StateStore,
 };
 use exec::{Outcome, RunContext};
 use plan::Plan;
@@ -207,6 +207,31 @@ fn now_nanos() -> i128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// What identifies a CreateChangeSet request for its retries: the request as received (a
+/// path, not the file's content; the variables in their order), not the plan's time.
+fn plan_request_digest(instance: &str, source: &Source, variables: &[(String, String)]) -> String {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let mut parts = vec!["plan".to_owned(), instance.to_owned()];
+    match source {
+        Source::Inline {
+            file_name,
+            content,
+            children,
+        } => {
+            parts.extend(["inline".to_owned(), file_name.clone(), text(content)]);
+            parts.push(children.len().to_string());
+            for (name, body) in children {
+                parts.extend([name.clone(), text(body)]);
+            }
+        }
+        Source::Path(p) => parts.extend(["path".to_owned(), p.to_string_lossy().into_owned()]),
+    }
+    for (k, v) in variables {
+        parts.extend([k.clone(), v.clone()]);
+    }
+    digest(&parts.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn digest(parts: &[&str]) -> String {
@@ -432,13 +457,35 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(format!("instance `{name}` not found")))
     }
 
+    /// Plans `source` against `instance`. With a `request_id`, a retry of the same request
+    /// (same instance, documents and variables) returns the change set the first one recorded
+    /// and plans nothing; the id with another request is `AlreadyExists`. Without one, every
+    /// call records a new change set.
     pub async fn create_change_set(
         self: &Arc<Self>,
+        request_id: &str,
         instance: &str,
         source: Source,
         variables: Vec<(String, String)>,
     ) -> Result<ChangeSetView> {
-        self.create_change_set_in(instance, source, variables, Vec::new(), None)
+        if request_id.is_empty() {
+            return self
+                .create_change_set_in(instance, source, variables, Vec::new(), None, None)
+                .await;
+        }
+        let key = RequestKey {
+            id: request_id.to_owned(),
+            digest: plan_request_digest(instance, &source, &variables),
+        };
+        // Identical requests arriving together take turns: the second finds the first's
+        // change set instead of planning again. Keyed apart from operations' ids.
+        let ticket = self.starting(&format!("plan\u{0}{request_id}"));
+        let _one_at_a_time = ticket.lock.lock().await;
+        if let Some(cs) = self.store.find_change_set(&key).await? {
+            let inst = self.store.get_instance(&cs.instance_id).await?;
+            return Ok(view(cs, inst.name));
+        }
+        self.create_change_set_in(instance, source, variables, Vec::new(), None, Some(key))
             .await
     }
 
@@ -451,6 +498,7 @@ impl Engine {
         variables: Vec<(String, String)>,
         include_chain: Vec<String>,
         now: Option<i128>,
+        request: Option<RequestKey>,
     ) -> Result<ChangeSetView> {
         if instance.is_empty() {
             return Err(EngineError::InvalidArgument(
@@ -558,6 +606,7 @@ impl Engine {
                 planned_version,
                 digest: inputs.digest(),
                 body,
+                request,
             })
             .await?;
         if let Some(prepared) = prepared {
@@ -1606,6 +1655,7 @@ impl Engine {
                         inputs.variables.clone(),
                         inputs.include_chain.clone(),
                         Some(inputs.now_unix_nanos),
+                        None,
                     )
                     .await?;
                 let op = self.execute(&request, &cs.change_set.id, false).await?;
@@ -1805,7 +1855,7 @@ impl Engine {
     ) -> std::result::Result<ChildRun, String> {
         let what = |e: EngineError| format!("child `{instance}`: {e}");
         let cs = self
-            .create_change_set_in(instance, source, variables, chain, Some(now))
+            .create_change_set_in(instance, source, variables, chain, Some(now), None)
             .await
             .map_err(what)?;
         let request = format!("{}:{instance}", ctx.operation.id);

@@ -524,7 +524,12 @@ impl api::engine_server::Engine for EngineApi {
         let r = req.into_inner();
         let v = self
             .engine
-            .create_change_set(&r.instance, source(r.source)?, variables(r.variables))
+            .create_change_set(
+                &r.request_id,
+                &r.instance,
+                source(r.source)?,
+                variables(r.variables),
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(change_set(&v)))

@@ -43,6 +43,7 @@ pub const CASES: &[&str] = &[
     "intents_before_create",
     "change_set_staleness_and_double_execution",
     "request_id_idempotency",
+    "change_set_request_ids",
     "interrupted_operations",
     "retention",
     "retention_runs_by_itself",
@@ -64,6 +65,7 @@ macro_rules! state_conformance_tests {
             intents_before_create,
             change_set_staleness_and_double_execution,
             request_id_idempotency,
+            change_set_request_ids,
             interrupted_operations,
             retention,
             retention_runs_by_itself,
@@ -162,6 +164,7 @@ fn new_change_set(instance: &Instance, planned_version: u64) -> NewChangeSet {
         planned_version,
         digest: format!("sha256:plan-{planned_version}"),
         body: json!({ "changes": [{ "create": "api" }] }),
+        request: None,
     }
 }
 
@@ -1293,6 +1296,99 @@ pub async fn request_id_idempotency(h: &Harness) {
         .map(|o| o.request_id)
         .collect();
     assert_eq!(listed, ["req-1", "req-2"]);
+}
+
+/// A change set recorded with a request key is the answer to every retry of that request;
+/// the same id for another request is refused; no key, no deduplication.
+pub async fn change_set_request_ids(h: &Harness) {
+    let s = &h.store;
+    let app = instance(h, "app").await;
+    let key = |id: &str, digest: &str| RequestKey {
+        id: id.into(),
+        digest: digest.into(),
+    };
+    assert_eq!(s.find_change_set(&key("plan-1", "a")).await.unwrap(), None);
+    let first = s
+        .create_change_set(NewChangeSet {
+            request: Some(key("plan-1", "a")),
+            ..new_change_set(&app, 0)
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.request, Some(key("plan-1", "a")));
+    let last_seq = s.get_instance(&app.id).await.unwrap().last_seq;
+
+    // A retry, even with another body (planned again at another time), gets the first back.
+    let retry = s
+        .create_change_set(NewChangeSet {
+            request: Some(key("plan-1", "a")),
+            body: json!({ "changes": [] }),
+            ..new_change_set(&app, 0)
+        })
+        .await
+        .unwrap();
+    assert_eq!(retry, first);
+    assert_eq!(
+        s.get_instance(&app.id).await.unwrap().last_seq,
+        last_seq,
+        "a retry writes nothing"
+    );
+    assert_eq!(
+        s.find_change_set(&key("plan-1", "a")).await.unwrap(),
+        Some(first.clone())
+    );
+    assert_err!(
+        s.find_change_set(&key("plan-1", "b")).await,
+        StateError::RequestIdReused { request_id } if request_id == "plan-1"
+    );
+    assert_err!(
+        s.create_change_set(NewChangeSet {
+            request: Some(key("plan-1", "b")),
+            ..new_change_set(&app, 0)
+        })
+        .await,
+        StateError::RequestIdReused { request_id } if request_id == "plan-1"
+    );
+    assert_err!(
+        s.create_change_set(NewChangeSet {
+            request: Some(key("", "a")),
+            ..new_change_set(&app, 0)
+        })
+        .await,
+        StateError::Conflict(Conflict::Rejected(_))
+    );
+
+    // Concurrent retries record one change set.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let (store, app) = (h.store.clone(), app.clone());
+        tasks.spawn(async move {
+            store
+                .create_change_set(NewChangeSet {
+                    request: Some(RequestKey {
+                        id: "plan-2".into(),
+                        digest: "c".into(),
+                    }),
+                    ..new_change_set(&app, 0)
+                })
+                .await
+                .unwrap()
+                .id
+        });
+    }
+    let mut ids = BTreeSet::new();
+    while let Some(id) = tasks.join_next().await {
+        ids.insert(id.unwrap());
+    }
+    assert_eq!(ids.len(), 1);
+
+    // Without a key every plan is recorded.
+    let a = s.create_change_set(new_change_set(&app, 0)).await.unwrap();
+    let b = s.create_change_set(new_change_set(&app, 0)).await.unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!((a.request, b.request), (None, None));
+    let listed = s.list_change_sets(&app.id).await.unwrap();
+    assert_eq!(listed.len(), 4);
 }
 
 /// Recovery at start: a dead engine's operations are interrupted (with an event), the change

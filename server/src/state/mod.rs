@@ -14,8 +14,9 @@
 //!   create it, so a crash never orphans a resource.
 //! - **Sequences.** Each instance's events are numbered 1, 2, 3... with no gaps and no reuse;
 //!   [`StateStore::events_since`] resumes exactly after any number.
-//! - **Idempotency.** An operation's `request_id` maps to one operation forever (or until the
-//!   request is retried with different content, which is [`StateError::RequestIdReused`]).
+//! - **Idempotency.** An operation's `request_id` maps to one operation forever, and a change
+//!   set's to one change set until retention removes it; a retry with different content is
+//!   [`StateError::RequestIdReused`].
 
 mod clock;
 pub mod conformance;
@@ -77,13 +78,17 @@ pub trait StateStore: Send + Sync + 'static {
     // ---- change sets --------------------------------------------------------------------------
 
     /// Records a plan (status `Planned`) and a `change_set.planned` event. Not fenced: planning
-    /// does not change the instance.
+    /// does not change the instance. With a request key whose id is already recorded, returns
+    /// that change set (same digest) and records nothing, or is `RequestIdReused`.
     async fn create_change_set(&self, new: NewChangeSet) -> Result<ChangeSet>;
     async fn get_change_set(&self, change_set_id: &str) -> Result<ChangeSet>;
     /// The change set with its body left out (`Value::Null`), for callers that need only its
     /// status, digest or planned version: a body holds the whole plan.
     async fn get_change_set_head(&self, change_set_id: &str) -> Result<ChangeSet>;
     async fn list_change_sets(&self, instance_id: &str) -> Result<Vec<ChangeSet>>;
+    /// The change set recorded for `request`'s id (with its body), `None` if the id is unused,
+    /// `RequestIdReused` if it was recorded for another request (digest).
+    async fn find_change_set(&self, request: &RequestKey) -> Result<Option<ChangeSet>>;
     /// Atomically checks that the change set is `Planned` and that the instance is still at the
     /// version it was planned against, then marks it `Executing`, supersedes the instance's
     /// other planned change sets, and increments the version (fenced by `lease`).

@@ -259,6 +259,16 @@ pub struct NewChangeSet {
     /// Digest of the exact documents and variables planned (computed by the planner).
     pub digest: String,
     pub body: Value,
+    /// The client's idempotency key, if it sent one: a retry of the same request gets this
+    /// change set back instead of a new one.
+    pub request: Option<RequestKey>,
+}
+
+/// A client-chosen request id and the digest of the request it was first used for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestKey {
+    pub id: String,
+    pub digest: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -269,6 +279,7 @@ pub struct ChangeSet {
     pub digest: String,
     pub body: Value,
     pub status: ChangeSetStatus,
+    pub request: Option<RequestKey>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }

@@ -492,12 +492,12 @@ fn decode_export(row: &Row<'_>) -> Result<Export> {
     })
 }
 
-const CHANGE_SET_COLS: &str =
-    "id, instance_id, planned_version, digest, body, status, created_at, updated_at";
+const CHANGE_SET_COLS: &str = "id, instance_id, planned_version, digest, body, status, \
+     created_at, updated_at, request_id, request_digest";
 /// The same columns with the body left out: a body is the whole plan (megabytes for a large
 /// blueprint), and most readers need only the status, digest or version.
-const CHANGE_SET_HEAD_COLS: &str =
-    "id, instance_id, planned_version, digest, NULL, status, created_at, updated_at";
+const CHANGE_SET_HEAD_COLS: &str = "id, instance_id, planned_version, digest, NULL, status, \
+     created_at, updated_at, request_id, request_digest";
 
 fn decode_change_set(row: &Row<'_>) -> Result<ChangeSet> {
     let id: String = row.get(0)?;
@@ -513,6 +513,10 @@ fn decode_change_set(row: &Row<'_>) -> Result<ChangeSet> {
         status: parse_status(ChangeSetStatus::parse, &row.get::<_, String>(5)?, &what)?,
         created_at: ts(row.get(6)?),
         updated_at: ts(row.get(7)?),
+        request: match (row.get(8)?, row.get(9)?) {
+            (Some(id), Some(digest)) => Some(RequestKey { id, digest }),
+            _ => None,
+        },
         id,
     })
 }
@@ -584,6 +588,25 @@ fn get_change_set(tx: &Transaction<'_>, id: &str) -> Result<ChangeSet> {
 }
 
 /// A change set without its body (`Value::Null`).
+fn find_change_set(tx: &Transaction<'_>, request_id: &str) -> Result<Option<ChangeSet>> {
+    tx.prepare_cached(&format!(
+        "SELECT {CHANGE_SET_COLS} FROM change_sets WHERE request_id = ?1"
+    ))?
+    .query_and_then([request_id], decode_change_set)?
+    .next()
+    .transpose()
+}
+
+/// The change set recorded for `key`'s request id, if it was recorded for the same request.
+fn same_request(cs: ChangeSet, key: &RequestKey) -> Result<ChangeSet> {
+    match &cs.request {
+        Some(k) if k.digest == key.digest => Ok(cs),
+        _ => Err(StateError::RequestIdReused {
+            request_id: key.id.clone(),
+        }),
+    }
+}
+
 fn get_change_set_head(tx: &Transaction<'_>, id: &str) -> Result<ChangeSet> {
     tx.prepare_cached(&format!(
         "SELECT {CHANGE_SET_HEAD_COLS} FROM change_sets WHERE id = ?1"
@@ -1250,7 +1273,17 @@ impl StateStore for SqliteStore {
     }
 
     async fn create_change_set(&self, new: NewChangeSet) -> Result<ChangeSet> {
+        if let Some(key) = &new.request {
+            non_empty("request id", &key.id)?;
+        }
         self.write(move |w| {
+            // Checked inside the write transaction, so two concurrent retries of one request
+            // cannot both record a change set.
+            if let Some(key) = &new.request
+                && let Some(cs) = find_change_set(w.tx, &key.id)?
+            {
+                return same_request(cs, key);
+            }
             let instance = get_instance(w.tx, &new.instance_id)?;
             if new.planned_version > instance.version {
                 return Err(StateError::rejected(format!(
@@ -1262,7 +1295,8 @@ impl StateStore for SqliteStore {
             let id = new_id("cs");
             w.tx.prepare_cached(
                 "INSERT INTO change_sets (id, instance_id, planned_version, digest, body, \
-                 status, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                 status, created_at, updated_at, request_id, request_digest) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9)",
             )?
             .execute(params![
                 id,
@@ -1271,7 +1305,9 @@ impl StateStore for SqliteStore {
                 new.digest,
                 json_text(&new.body),
                 ChangeSetStatus::Planned.as_str(),
-                w.now.as_millis()
+                w.now.as_millis(),
+                new.request.as_ref().map(|k| &k.id),
+                new.request.as_ref().map(|k| &k.digest),
             ])?;
             w.append_events(
                 &new.instance_id,
@@ -1297,6 +1333,16 @@ impl StateStore for SqliteStore {
     async fn get_change_set_head(&self, change_set_id: &str) -> Result<ChangeSet> {
         let id = change_set_id.to_owned();
         self.read(move |tx, _| get_change_set_head(tx, &id)).await
+    }
+
+    async fn find_change_set(&self, request: &RequestKey) -> Result<Option<ChangeSet>> {
+        let key = request.clone();
+        self.read(move |tx, _| {
+            find_change_set(tx, &key.id)?
+                .map(|cs| same_request(cs, &key))
+                .transpose()
+        })
+        .await
     }
 
     async fn list_change_sets(&self, instance_id: &str) -> Result<Vec<ChangeSet>> {

@@ -140,6 +140,16 @@ ALTER TABLE resources ADD COLUMN depends_on TEXT NOT NULL DEFAULT '[]';
 ALTER TABLE resources ADD COLUMN metadata TEXT NOT NULL DEFAULT 'null';
 "#,
     },
+    Migration {
+        version: 3,
+        name: "change set request ids",
+        // CreateChangeSet's idempotency key; NULLs (no key sent) never collide.
+        sql: r#"
+ALTER TABLE change_sets ADD COLUMN request_id TEXT;
+ALTER TABLE change_sets ADD COLUMN request_digest TEXT;
+CREATE UNIQUE INDEX change_sets_by_request ON change_sets(request_id);
+"#,
+    },
 ];
 
 /// The schema version this build writes.
