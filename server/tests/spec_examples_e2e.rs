@@ -124,7 +124,8 @@ fn the_same_directory_example_plans_and_deploys() {
     assert!(text.contains("main-blueprint.yaml:33:7"), "{text}");
     let (code, list) = engine.json(&["instances"]);
     assert_eq!(code, 0, "{list}");
-    assert!(!list.to_string().contains("DEPLOYED"), "{list}");
+    // A blueprint that fails to plan leaves no instance behind, parent or child.
+    assert!(!list.to_string().contains("orders"), "{list}");
 
     let app = std::fs::read_to_string(root.join("app-infra.yaml")).unwrap();
     write(&root.join("app-infra.yaml"), &declare_order_topic(&app));
@@ -270,10 +271,10 @@ fn a_spec_field_nobody_sets_is_refused_before_deploy() {
         "{text}"
     );
     assert!(text.contains("did you mean `id`?"), "{text}");
-    // Nothing was created: the instance the request named is still new and empty.
-    let x = engine.instance("x");
-    assert_eq!(x["status"], "NEW", "{x}");
-    assert_eq!(x["resources"], serde_json::json!({}), "{x}");
+    // Nothing was created, not even the instance the request named.
+    let (code, out) = engine.json(&["instance", "x"]);
+    assert_eq!(code, 2, "{out}");
+    assert_eq!(out["error"]["code"], "NOT_FOUND", "{out}");
     // A declared input field the blueprint leaves unset is not computed either: it will never
     // have a value.
     write(

@@ -512,24 +512,19 @@ impl Engine {
             now_unix_nanos: now.unwrap_or_else(now_nanos),
             include_chain,
         };
-        let inst = match self.store.find_instance(instance).await? {
-            Some(i) => i,
-            None => match self.store.create_instance(instance).await {
-                Ok(i) => i,
-                // Created by a concurrent plan.
-                Err(StateError::Conflict(Conflict::NameTaken { .. })) => {
-                    self.instance_named(instance).await?
-                }
-                Err(e) => return Err(e.into()),
-            },
+        // A new instance is planned from empty state and recorded only with its first change
+        // set: a blueprint that fails to plan leaves no instance behind.
+        let existing = self.store.find_instance(instance).await?;
+        let current = match &existing {
+            Some(i) => self.store.load_state(&i.id).await?,
+            None => empty_state(instance),
         };
-        let current = self.store.load_state(&inst.id).await?;
         // The version of the very snapshot the plan reads: execution requires it unchanged.
         let planned_version = current.instance.version;
         let max = self.config.max_input_size;
         let cwd = self.config.cwd.display().to_string();
         let planned_inputs = inputs.clone();
-        let name = inst.name.clone();
+        let name = instance.to_owned();
         let planned = self
             .with_plugins(move |engine, plugins| {
                 let failed = |error: String| Planned {
@@ -589,6 +584,18 @@ impl Engine {
         // Included documents read from this host are part of what was planned: the digest
         // covers them and execution reads them from the change set.
         inputs.files.extend(files);
+        let inst = match existing {
+            Some(i) => i,
+            None => match self.store.create_instance(instance).await {
+                Ok(i) => i,
+                // Created meanwhile by a concurrent plan (at version 0 still, or this plan
+                // is stale at execution, as it should be).
+                Err(StateError::Conflict(Conflict::NameTaken { .. })) => {
+                    self.instance_named(instance).await?
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
         let body = json!({
             "inputs": inputs.to_json(),
             "plan": plan.to_json(),
