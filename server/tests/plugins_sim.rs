@@ -3,7 +3,10 @@
 
 mod plugins_common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use plugins_common::*;
 use trellis::plugins::{
@@ -58,18 +61,21 @@ async fn sigkill_mid_call_fails_fast_and_the_next_call_restarts() {
     assert_eq!(echoed, values::string("one"));
     let pid = sim.pid().expect("running");
 
+    let in_flight = Arc::new(Notify::new());
     let slow = {
         let sim = sim.clone();
+        let running = in_flight.clone();
         tokio::spawn(async move {
             sim.apply_resource(
                 apply_req("slow", spec(&[("latencyMs", int(600_000))])),
                 &CallOptions::default(),
-                |_| {},
+                move |_| running.notify_one(),
             )
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The sim reports progress as it starts waiting: the call is in flight.
+    in_flight.notified().await;
     kill(pid, libc::SIGKILL);
     let err = slow
         .await
@@ -542,18 +548,21 @@ async fn shutdown_ends_calls_in_flight_and_cleans_up() {
     });
     let sim = host.provider("sim").expect("sim");
     let pid = sim.start().await.expect("start");
+    let in_flight = Arc::new(Notify::new());
     let slow = {
         let sim = sim.clone();
+        let running = in_flight.clone();
         tokio::spawn(async move {
             sim.apply_resource(
                 apply_req("slow", spec(&[("latencyMs", int(600_000))])),
                 &CallOptions::default(),
-                |_| {},
+                move |_| running.notify_one(),
             )
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The sim reports progress as it starts waiting: the call is in flight.
+    in_flight.notified().await;
     host.shutdown().await;
     // Stdin closed and SIGTERM: the sim cancels its in-flight call and
     // exits on its own.

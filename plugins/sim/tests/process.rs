@@ -147,7 +147,35 @@ async fn apply_result(
     client: &mut ProviderClient<Channel>,
     req: pb::ApplyResourceRequest,
 ) -> Result<pb::ApplyResult, tonic::Status> {
-    let mut stream = client.apply_resource(req).await?.into_inner();
+    let stream = client.apply_resource(req).await?.into_inner();
+    finish(stream).await
+}
+
+/// Starts a slow apply and returns once the sim has reported progress, that
+/// is once the call is running in the plugin.
+async fn in_flight(
+    client: &mut ProviderClient<Channel>,
+    req: pb::ApplyResourceRequest,
+) -> tonic::Streaming<pb::ApplyResourceEvent> {
+    let mut stream = client
+        .apply_resource(req)
+        .await
+        .expect("apply")
+        .into_inner();
+    let first = stream.message().await.expect("apply stream");
+    assert!(
+        matches!(
+            first.as_ref().and_then(|e| e.event.as_ref()),
+            Some(pb::apply_resource_event::Event::Progress(_))
+        ),
+        "{first:?}"
+    );
+    stream
+}
+
+async fn finish(
+    mut stream: tonic::Streaming<pb::ApplyResourceEvent>,
+) -> Result<pb::ApplyResult, tonic::Status> {
     while let Some(ev) = stream.message().await? {
         if let Some(pb::apply_resource_event::Event::Result(r)) = ev.event {
             return Ok(r);
@@ -234,8 +262,7 @@ async fn sigterm_lets_in_flight_calls_finish() {
         .expect("manifest");
     let mut provider = ProviderClient::new(p.channel().await);
     let slow = apply("slow", serde_json::json!({"latencyMs": 700}), "slow-1");
-    let call = tokio::spawn(async move { apply_result(&mut provider, slow).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let call = tokio::spawn(finish(in_flight(&mut provider, slow).await));
     let killed = Command::new("kill")
         .args(["-TERM", &p.child.id().to_string()])
         .status()
@@ -261,8 +288,8 @@ async fn stdin_closing_after_sigterm_cancels_in_flight_calls() {
     let mut health = HealthClient::new(p.channel().await);
     let mut provider = ProviderClient::new(p.channel().await);
     let slow = apply("slow", serde_json::json!({"latencyMs": 600_000}), "slow-2");
-    let call = tokio::spawn(async move { apply_result(&mut provider, slow).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let call = tokio::spawn(finish(in_flight(&mut provider, slow).await));
+    // Open the health connection now: after SIGTERM new connections are refused.
     health
         .check(HealthCheckRequest::default())
         .await
