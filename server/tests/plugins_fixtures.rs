@@ -173,7 +173,9 @@ async fn repeated_failures_open_the_circuit_breaker() {
         breaker: BreakerPolicy {
             max_failures: 3,
             window: Duration::from_secs(60),
-            cooldown: Duration::from_millis(600),
+            // Long enough that no stall of the machine ends it before the
+            // open breaker is checked.
+            cooldown: Duration::from_secs(3),
         },
         ..fixture_config(&root, &dir, Duration::from_secs(5))
     };
@@ -198,7 +200,7 @@ async fn repeated_failures_open_the_circuit_breaker() {
 
     // After the cooldown one start is tried (half-open); it fails, so the
     // breaker opens again at once.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(3100)).await;
     let err = crashy.start().await.expect_err("half-open attempt fails");
     assert!(matches!(err, PluginError::Launch { .. }), "{err}");
     assert_eq!(starts(), 4);

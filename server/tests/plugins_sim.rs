@@ -504,7 +504,7 @@ async fn a_stuck_plugin_fails_its_health_checks_and_is_replaced() {
     // Generous timeouts: a loaded machine must not fail a healthy plugin.
     cfg.health = Some(HealthPolicy {
         interval: Duration::from_millis(200),
-        timeout: Duration::from_millis(500),
+        timeout: Duration::from_secs(2),
         max_failures: 2,
     });
     let host = PluginHost::new(cfg);
