@@ -893,7 +893,7 @@ fn data_sources_are_fetched_at_plan_time_with_the_spec_operators() {
 fn cancel_stops_an_operation_at_a_safe_point() {
     let root = TempDir::new("e2e-cancel");
     let engine = Engine::start(root.path());
-    let bp = "version: 2023-04-20\nresources:\n  first:\n    type: sim/resource\n    spec:\n      latencyMs: 1500\n  second:\n    type: sim/resource\n    dependsOn: [first]\n    spec:\n      latencyMs: 10\n";
+    let bp = "version: 2023-04-20\nresources:\n  first:\n    type: sim/resource\n    spec:\n      latencyMs: 5000\n  second:\n    type: sim/resource\n    dependsOn: [first]\n    spec:\n      latencyMs: 10\n";
     write(&root.join("c.yaml"), bp);
     let args: Vec<String> = [
         "deploy",
@@ -916,7 +916,8 @@ fn cancel_stops_an_operation_at_a_safe_point() {
             .output()
             .unwrap()
     });
-    // Wait until `first` is in flight, then cancel its operation.
+    // Wait until `first` is in flight, then cancel its operation (its 5 s leave a loaded
+    // machine time to get the cancel in before `second` could start).
     let deadline = Instant::now() + Duration::from_secs(30);
     let op = loop {
         assert!(Instant::now() < deadline, "the deploy did not start");
