@@ -320,23 +320,29 @@ async fn run(services: Services, dir: PathBuf) -> ExitCode {
     tracing::info!(in_flight = calls.in_flight(), "shutting down ({stop:?})");
     services.set_not_serving(&health).await;
     let _ = shutdown_tx.send(());
-    // Why the remaining calls are cancelled, if they are.
+    // Whether the remaining calls are cancelled, and why.
     let cancel = match stop {
-        Stop::StdinClosed => Some("the engine is gone"),
+        Stop::StdinClosed => Some(false),
         Stop::Signal(_) => {
             // In-flight calls may finish, unless the engine goes away
             // meanwhile: the engine's own shutdown closes stdin and signals
             // at once, and either may arrive first.
             tokio::select! {
-                r = tokio::time::timeout(TERM_GRACE, &mut server) => {
-                    r.is_err().then_some("calls still running after the grace")
-                }
-                () = engine_gone(&mut stdin) => Some("the engine is gone"),
+                r = tokio::time::timeout(TERM_GRACE, &mut server) => r.is_err().then_some(true),
+                () = engine_gone(&mut stdin) => Some(false),
             }
         }
     };
-    if let Some(why) = cancel {
-        tracing::info!(in_flight = calls.in_flight(), "{why}; cancelling calls");
+    if let Some(grace_over) = cancel {
+        let in_flight = calls.in_flight();
+        if grace_over {
+            tracing::warn!(
+                in_flight,
+                "calls still running after the grace; cancelling calls"
+            );
+        } else {
+            tracing::info!(in_flight, "the engine is gone; cancelling calls");
+        }
         calls.cancel_all();
         if tokio::time::timeout(CANCEL_GRACE, &mut server)
             .await

@@ -44,16 +44,20 @@ const WATCH_RETRIES: u32 = 8;
 pub enum ClientCommand {
     /// Plan the changes that bring an instance to a blueprint, without changing anything.
     ///
-    /// Sends FILE to the engine (`--engine`), which plans against the instance NAME (created
-    /// on first use) and records a change set. Prints the change set: one block per resource to
+    /// Sends FILE to the engine (`--engine`), which plans against the instance NAME (recorded
+    /// with its first change set) and records a change set. Prints the change set: one block per resource to
     /// create (+), update (~), recreate (-/+, with the reason) or delete (-), the field
     /// changes (`(known after deploy)` for values known only after deploy, `(sensitive)` for
     /// secrets), a summary, and the command that deploys it: `trellis deploy --change-set ID`.
     ///
     /// --format json prints {"changeSet": {...}} (docs/cli.md).
     ///
+    /// With --request-id (or TRELLIS_REQUEST_ID), a retried command gets back the change set
+    /// the first attempt recorded instead of planning again.
+    ///
     /// Exit codes: 0 planned; 1 the blueprint is invalid (the engine's diagnostics are
-    /// printed); 2 usage error, unreadable file, or the engine cannot be reached.
+    /// printed); 2 usage error, unreadable file, the engine cannot be reached, or the request
+    /// id was used for another request.
     Plan(PlanArgs),
     /// Deploy a blueprint (plan, then execute) or a change set planned before, and watch the
     /// operation to its end.
@@ -65,7 +69,8 @@ pub enum ClientCommand {
     /// where it stopped. Ctrl-C stops watching, not the operation (`trellis cancel` does).
     ///
     /// With --request-id (or TRELLIS_REQUEST_ID), a retried command attaches to the operation
-    /// the first attempt started instead of deploying twice.
+    /// the first attempt started instead of deploying twice (or executes the change set it
+    /// planned, if it got no further).
     ///
     /// --format json prints {"operation": {...}, "changeSet": {...}, "events": N} when the
     /// operation ends (docs/cli.md).
@@ -178,7 +183,7 @@ pub struct PlanArgs {
     /// The blueprint file (YAML, or JSON for .json/.jsonc).
     #[arg(value_name = "FILE")]
     pub file: String,
-    /// The instance to plan for; created on first use.
+    /// The instance to plan for; recorded with its first change set.
     #[arg(long, value_name = "NAME")]
     pub instance: String,
     /// A variable value, parsed to the variable's declared type.
@@ -200,7 +205,7 @@ pub struct DeployArgs {
         requires = "instance"
     )]
     pub file: Option<String>,
-    /// The instance to deploy to; created on first use.
+    /// The instance to deploy to; recorded with its first change set.
     #[arg(long, value_name = "NAME", conflicts_with = "change_set")]
     pub instance: Option<String>,
     /// A variable value, parsed to the variable's declared type.

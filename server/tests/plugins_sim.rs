@@ -15,6 +15,9 @@ use trellis::plugins::{
 use trellis_proto::plugin::v1 as pb;
 use trellis_proto::plugin::v1::host_client::HostClient;
 
+/// Far past anything the tests wait for: only a hang reaches it.
+const HANG: Duration = Duration::from_secs(120);
+
 fn spec(fields: &[(&str, pb::Value)]) -> pb::Value {
     pb::Value {
         kind: Some(pb::value::Kind::Map(pb::MapValue {
@@ -77,8 +80,11 @@ async fn sigkill_mid_call_fails_fast_and_the_next_call_restarts() {
     // The sim reports progress as it starts waiting: the call is in flight.
     in_flight.notified().await;
     kill(pid, libc::SIGKILL);
-    let err = slow
+    // A bound on a hang, not a measurement: the call would otherwise run
+    // for its whole latency.
+    let err = tokio::time::timeout(HANG, slow)
         .await
+        .expect("the call outlived the plugin")
         .expect("join")
         .expect_err("the call must fail when the plugin dies");
     let msg = err.to_string();
@@ -224,16 +230,18 @@ async fn deadlines_bound_calls() {
     let host = PluginHost::new(config(&root, &dir));
     let sim = host.provider("sim").expect("sim");
     sim.start().await.expect("start");
-    let err = sim
-        .apply_resource(
-            apply_req("slow", spec(&[("latencyMs", int(600_000))])),
-            &CallOptions {
-                deadline: Some(Duration::from_millis(300)),
-                ..CallOptions::default()
-            },
-            |_| {},
-        )
+    let opts = CallOptions {
+        deadline: Some(Duration::from_millis(300)),
+        ..CallOptions::default()
+    };
+    let call = sim.apply_resource(
+        apply_req("slow", spec(&[("latencyMs", int(600_000))])),
+        &opts,
+        |_| {},
+    );
+    let err = tokio::time::timeout(HANG, call)
         .await
+        .expect("the deadline did not end the call")
         .expect_err("deadline");
     // Either the engine's timer fired, or the plugin saw the deadline in
     // its CallContext and gave up first (sim answers TRANSIENT "cancelled";

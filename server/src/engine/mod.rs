@@ -212,34 +212,40 @@ fn now_nanos() -> i128 {
 /// What identifies a CreateChangeSet request for its retries: the request as received (a
 /// path, not the file's content; the variables in their order), not the plan's time.
 fn plan_request_digest(instance: &str, source: &Source, variables: &[(String, String)]) -> String {
-    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    let mut parts = vec!["plan".to_owned(), instance.to_owned()];
+    let mut parts: Vec<&[u8]> = vec![b"plan", instance.as_bytes()];
+    let count;
+    let path;
     match source {
         Source::Inline {
             file_name,
             content,
             children,
         } => {
-            parts.extend(["inline".to_owned(), file_name.clone(), text(content)]);
-            parts.push(children.len().to_string());
+            count = children.len().to_le_bytes();
+            parts.extend([b"inline".as_slice(), file_name.as_bytes(), content, &count]);
             for (name, body) in children {
-                parts.extend([name.clone(), text(body)]);
+                parts.extend([name.as_bytes(), body.as_slice()]);
             }
         }
-        Source::Path(p) => parts.extend(["path".to_owned(), p.to_string_lossy().into_owned()]),
+        Source::Path(p) => {
+            path = p.to_string_lossy();
+            parts.extend([b"path".as_slice(), path.as_bytes()]);
+        }
     }
     for (k, v) in variables {
-        parts.extend([k.clone(), v.clone()]);
+        parts.extend([k.as_bytes(), v.as_bytes()]);
     }
-    digest(&parts.iter().map(String::as_str).collect::<Vec<_>>())
+    digest(&parts)
 }
 
-fn digest(parts: &[&str]) -> String {
+/// sha256 over `parts`, each framed by its length so no two lists collide.
+fn digest<T: AsRef<[u8]>>(parts: &[T]) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     for p in parts {
+        let p = p.as_ref();
         h.update((p.len() as u64).to_le_bytes());
-        h.update(p.as_bytes());
+        h.update(p);
     }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }

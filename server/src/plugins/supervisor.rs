@@ -881,9 +881,15 @@ async fn supervise(s: Supervised) {
     shared.locks.release_owner(id);
     proc.remove_socket_dir();
     lock(&shared.processes).remove(&id);
+    // The slot's record (current instance, crash count, last exit) too, so
+    // a status read right after the exit is published shows it.
+    let slot = slot.upgrade();
+    if let Some(slot) = &slot {
+        slot.on_exit(id, &info, started.elapsed(), was_live);
+    }
     exit_tx.send_replace(Some(info.clone()));
     let name = slot
-        .upgrade()
+        .as_ref()
         .map(|s| s.binary.name.clone())
         .unwrap_or_default();
     if was_live && !expected {
@@ -895,9 +901,6 @@ async fn supervise(s: Supervised) {
         );
     } else {
         tracing::debug!(plugin = %name, pid = proc.pid, status = %info.status, "plugin exited");
-    }
-    if let Some(slot) = slot.upgrade() {
-        slot.on_exit(id, &info, started.elapsed(), was_live);
     }
 }
 
