@@ -342,7 +342,9 @@ fn killed_mid_deploy(tag: &str) -> Killed {
         .args(&["--max-parallel", "8"])
         .env("TRELLIS_SIM_JOURNAL", &journal)
         .start();
-    write(&root.join("many.yaml"), &many_sims(200, 40));
+    // 250 ms per create, 8 at a time: after the 40th is journaled, about 5 s of creates remain
+    // for the kill to land in, even on a loaded machine.
+    write(&root.join("many.yaml"), &many_sims(200, 250));
     let (code, plan) = engine.json(&["plan", "many.yaml", "--instance", "big"]);
     assert_eq!(code, 0, "{plan}");
     let id = plan["changeSet"]["id"].as_str().unwrap().to_owned();

@@ -60,12 +60,12 @@ impl Plugin {
             let _ = BufReader::new(stderr).read_to_string(&mut all);
             let _ = err_tx.send(all);
         });
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let socket = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = line_rx
                 .recv_timeout(left)
-                .expect("the handshake line within 20 s");
+                .expect("the handshake line within 60 s");
             // Lines before the handshake line are allowed (banners).
             if let Some(rest) = line.strip_prefix("TRELLIS_PLUGIN|") {
                 let parts: Vec<&str> = rest.split('|').collect();
@@ -262,7 +262,7 @@ async fn sigterm_lets_in_flight_calls_finish() {
         .expect("manifest");
     let mut provider = ProviderClient::new(p.channel().await);
     // Long enough to be still running when SIGTERM lands on a loaded machine.
-    let slow = apply("slow", serde_json::json!({"latencyMs": 3000}), "slow-1");
+    let slow = apply("slow", serde_json::json!({"latencyMs": 6000}), "slow-1");
     let call = tokio::spawn(finish(in_flight(&mut provider, slow).await));
     let killed = Command::new("kill")
         .args(["-TERM", &p.child.id().to_string()])

@@ -1320,11 +1320,13 @@ impl Engine {
                 && !cancel_requested.load(Ordering::SeqCst);
             if !drained {
                 let cancelled = cancel_requested.load(Ordering::SeqCst);
+                // The end is recorded with the lease given up; only if that fails is the
+                // lease released on its own.
                 if let Err(e) = this.finish(&ctx, finish, cancelled).await {
                     tracing::error!(operation = %op.id, error = %e, "could not record the end of the operation");
+                    let current = lease.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    let _ = this.store.release_lease(&current).await;
                 }
-                let current = lease.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let _ = this.store.release_lease(&current).await;
             }
             this.running
                 .lock()
@@ -1334,8 +1336,9 @@ impl Engine {
         });
     }
 
-    /// Records the end of an operation: its status, the instance's and the change set's, and
-    /// the terminal `operation.finished` event, in one transaction.
+    /// Records the end of an operation: its status, the instance's and the change set's, the
+    /// terminal `operation.finished` event and the release of its lease, in one transaction:
+    /// a client that sees the operation finished can start the next one at once.
     async fn finish(&self, ctx: &RunContext, f: Finish, cancelled: bool) -> Result<()> {
         let op = &ctx.operation;
         let status = match (&f.error, cancelled) {
@@ -1363,6 +1366,7 @@ impl Engine {
             status,
             error: f.error.clone(),
         });
+        changes.push(Change::ReleaseLease);
         let event = NewEvent::new(
             "operation.finished",
             json!({ "status": status.as_str(), "error": f.error,

@@ -849,6 +849,41 @@ pub async fn leases_and_fencing(h: &Harness) {
         s.commit(&other_lease_on_app, vec![], vec![]).await,
         StateError::Fenced { .. }
     );
+
+    // The last change of a unit may give the lease up: the unit's events and the release land
+    // together, and the next owner need not wait.
+    assert_err!(
+        s.commit(
+            &l3,
+            vec![
+                Change::ReleaseLease,
+                Change::InstanceStatus(InstanceStatus::Deployed)
+            ],
+            vec![],
+        )
+        .await,
+        StateError::Conflict(Conflict::Rejected(_))
+    );
+    let done = s
+        .commit(
+            &l3,
+            vec![
+                Change::InstanceStatus(InstanceStatus::Deployed),
+                Change::ReleaseLease,
+            ],
+            vec![NewEvent::new("operation.finished", json!({}))],
+        )
+        .await
+        .unwrap();
+    let after = s.get_instance(&app.id).await.unwrap();
+    assert_eq!(after.status, InstanceStatus::Deployed);
+    assert_eq!(after.last_seq, done.last_seq);
+    assert_eq!(after.lease, None);
+    assert_err!(
+        s.commit(&l3, vec![], vec![]).await,
+        StateError::Fenced { .. }
+    );
+    assert_eq!(lease(h, &app, "engine-1").await.epoch, 4);
 }
 
 /// The intent is recorded before the provider is called, and creation can only complete an

@@ -469,6 +469,9 @@ pub enum Change {
         status: OperationStatus,
         error: Option<String>,
     },
+    /// Gives the lease up with this unit of work (an operation's last commit), so whoever
+    /// sees its events can take the lease at once. Only as the last change.
+    ReleaseLease,
 }
 
 /// Which operations `mark_interrupted` recovers.

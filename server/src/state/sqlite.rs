@@ -746,6 +746,13 @@ impl Tx<'_> {
         let now = self.now.as_millis();
         let tx = self.tx;
         match change {
+            Change::ReleaseLease => {
+                tx.prepare_cached(
+                    "UPDATE instances SET lease_owner = NULL, lease_token = NULL, \
+                     lease_expires_at = NULL WHERE id = ?1",
+                )?
+                .execute([inst])?;
+            }
             Change::InstanceStatus(status) => {
                 tx.prepare_cached("UPDATE instances SET status = ?2 WHERE id = ?1")?
                     .execute(params![inst, status.as_str()])?;
@@ -1258,6 +1265,15 @@ impl StateStore for SqliteStore {
         let lease = lease.clone();
         self.write(move |w| {
             w.fence(&lease)?;
+            if let Some(i) = changes
+                .iter()
+                .position(|c| matches!(c, Change::ReleaseLease))
+                && i + 1 != changes.len()
+            {
+                return Err(StateError::rejected(
+                    "the lease can only be released by the last change of a unit",
+                ));
+            }
             for change in &changes {
                 w.apply(&lease, change)?;
             }

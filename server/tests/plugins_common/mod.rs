@@ -119,7 +119,8 @@ pub fn config(root: &TempDir, plugin_dir: &Path) -> HostConfig {
         search_exe_dir: false,
         runtime_dir: Some(root.join("run")),
         cache_dir: Some(root.join("cache")),
-        launch_timeout: Duration::from_secs(10),
+        // A bound on a hang: a starved machine may take seconds to start a plugin.
+        launch_timeout: Duration::from_secs(60),
         shutdown_grace: Duration::from_secs(3),
         ..HostConfig::default()
     }

@@ -48,7 +48,8 @@ HANDSHAKE_PREFIX = "TRELLIS_PLUGIN|"
 RPC_TIMEOUT = 10
 # The first launch on a fresh clone also generates the stubs.
 STARTUP_TIMEOUT = 60
-EXIT_TIMEOUT = 2.0
+# A bound on a hang, not a speed check: the machine may be loaded.
+EXIT_TIMEOUT = 60.0
 
 
 class Plugin:
@@ -392,7 +393,7 @@ def test_sigterm_lets_an_in_flight_call_finish():
         p.proc.send_signal(signal.SIGTERM)
         rest = list(stream)
         assert [e.WhichOneof("event") for e in rest] == ["result"]
-        assert p.wait_exit(timeout=EXIT_TIMEOUT + 5) == 0
+        assert p.wait_exit() == 0
 
 
 def test_refuses_an_unsupported_protocol_version():
