@@ -340,7 +340,7 @@ async fn run(services: Services, dir: PathBuf) -> ExitCode {
                 in_flight,
                 "calls still running after the grace; cancelling calls"
             );
-        } else {
+        } else if in_flight > 0 {
             tracing::info!(in_flight, "the engine is gone; cancelling calls");
         }
         calls.cancel_all();
