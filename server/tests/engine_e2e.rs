@@ -8,13 +8,11 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use engine_common::{Engine, actions, assert_interrupted, link_actions, planned_new, write};
+use engine_common::{
+    Engine, actions, assert_interrupted, env_keys, link_actions, planned_new, stderr, write,
+};
 use plugins_common::TempDir;
 use serde_json::Value;
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 const APP_V1: &str = r#"
 version: 2023-04-20
@@ -719,15 +717,11 @@ resources:
       path: ${resources.appDir.spec.path}/app.env
 "#;
 
+/// The keys of the linked env file, sorted.
 fn env_lines(root: &TempDir) -> Vec<String> {
-    let mut lines: Vec<String> = std::fs::read_to_string(root.join("site/app.env"))
-        .unwrap()
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| l.split('=').next().unwrap().to_owned())
-        .collect();
-    lines.sort();
-    lines
+    let mut keys = env_keys(&root.join("site/app.env"));
+    keys.sort();
+    keys
 }
 
 #[test]

@@ -10,10 +10,7 @@
 mod engine_common;
 mod plugins_common;
 
-use std::path::Path;
-use std::process::Output;
-
-use engine_common::{Engine, write};
+use engine_common::{Engine, env_keys, stderr, write};
 use plugins_common::TempDir;
 use serde_json::{Value, json};
 
@@ -30,10 +27,6 @@ fn drift(engine: &Engine, instance: &str) -> (i32, Vec<(String, String)>, Value)
         }
     }
     (code, fields, v)
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// An env file with a static value, linked to a file and a secret (two link-written lines).
@@ -66,19 +59,6 @@ resources:
         PORT: "8080"
 "#;
 
-/// The `KEY=...` lines of the env file, by key.
-fn env_entries(path: &Path) -> Vec<(String, String)> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (k, v) = l.split_once('=').unwrap();
-            (k.to_owned(), v.to_owned())
-        })
-        .collect()
-}
-
 #[test]
 fn link_owned_env_file_lines_are_not_drift() {
     let root = TempDir::new("e2e-ldrift");
@@ -90,7 +70,7 @@ fn link_owned_env_file_lines_are_not_drift() {
     assert_eq!(code, 0, "{out}");
     let env = site.join("app.env");
     let deployed = std::fs::read_to_string(&env).unwrap();
-    let keys: Vec<String> = env_entries(&env).into_iter().map(|(k, _)| k).collect();
+    let keys = env_keys(&env);
     assert_eq!(
         keys,
         ["FILE_CONFIG", "PORT", "SECRET_API_KEY"],

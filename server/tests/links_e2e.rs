@@ -16,7 +16,7 @@ mod plugins_common;
 
 use std::path::{Path, PathBuf};
 
-use engine_common::{Engine, link_actions, read, write};
+use engine_common::{Engine, env_entries, env_keys, link_actions, read, write};
 use plugins_common::TempDir;
 use serde_json::Value;
 
@@ -86,22 +86,6 @@ fn entries(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-/// The `KEY=value` lines of an env file, by key, in file order.
-fn env_entries(path: &Path) -> Vec<(String, String)> {
-    read(path)
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (k, v) = l.split_once('=').unwrap();
-            (k.to_owned(), v.trim_matches('\'').to_owned())
-        })
-        .collect()
-}
-
-fn env_keys(path: &Path) -> Vec<String> {
-    env_entries(path).into_iter().map(|(k, _)| k).collect()
 }
 
 /// The planned resource `name`.

@@ -278,6 +278,28 @@ pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A command's stderr, as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The `KEY=value` lines of an env file, by key, in file order (quotes around a value dropped).
+pub fn env_entries(path: &Path) -> Vec<(String, String)> {
+    read(path)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap_or((l, ""));
+            (k.to_owned(), v.trim_matches('\'').to_owned())
+        })
+        .collect()
+}
+
+/// The keys of an env file, in file order.
+pub fn env_keys(path: &Path) -> Vec<String> {
+    env_entries(path).into_iter().map(|(k, _)| k).collect()
+}
+
 /// `(name, action)` of each entry of a JSON list of planned changes (a change set's or a
 /// child's `resources`).
 pub fn actions(list: &Value) -> Vec<(String, String)> {
