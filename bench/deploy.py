@@ -9,13 +9,22 @@ directory, and measures:
 - plan time: `trellis plan` against empty state (whole process, client included);
 - deploy time: `trellis deploy --change-set ID` (whole process, watching to the end), divided
   by the critical path LAYERS x LATENCY;
-- engine RSS: idle after start, and the peak sampled every 20 ms during the deploy.
+- engine RSS: idle after start, and the peak sampled every 20 ms during the deploy;
+- destroy time: `trellis destroy` of the deployed instance (the same critical path, dependents
+  first), with the engine's peak RSS during it and its RSS after;
+- rollback time: a second instance whose last layer holds one resource that fails its create,
+  deployed with `--rollback-on-failure`: from `rollback.started` to the operation's end (the
+  engine's own event timestamps), against the critical path of undoing it (LAYERS - 1 layers);
+- reconcile time: a third instance whose engine is killed (SIGKILL) half way through its
+  deploy and restarted; `trellis reconcile --mode reapply` settles the calls left in flight.
 
 Usage: python3 bench/deploy.py [--resources 1000 10000] [--layers 10] [--latency-ms 200]
+                               [--skip-rollback] [--skip-reconcile]
 Build first: cargo build --release --workspace
 """
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -31,7 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("TRELLIS_BENCH_BIN") or os.path.join(ROOT, "target", "release")
 
 
-def blueprint(n, layers, latency):
+def blueprint(n, layers, latency, failing=False):
+    """With `failing`, the last layer's first resource fails its create (no retries)."""
     width = n // layers
     out = ["version: 2023-04-20", "resources:"]
     for k in range(layers):
@@ -42,6 +52,9 @@ def blueprint(n, layers, latency):
             out.append(f"      latencyMs: {latency}")
             if k > 0:
                 out.append(f"      payload: ${{resources.l{k - 1}_{j}.state.id}}")
+            if failing and k == layers - 1 and j == 0:
+                out.append("      failOn: create")
+                out.append("      failClass: badInput")
     return "\n".join(out) + "\n"
 
 
@@ -78,63 +91,139 @@ def children(pid):
     return out
 
 
-def run(n, layers, latency, parallel):
-    work = tempfile.mkdtemp(prefix="trellis-bench-")
-    try:
-        path = os.path.join(work, "bench.yaml")
-        with open(path, "w") as f:
-            f.write(blueprint(n, layers, latency))
-        engine = subprocess.Popen(
+class Engine:
+    """A `trellis serve` on a free port with its data in `work/data`."""
+
+    def __init__(self, work, parallel):
+        self.work = work
+        self.proc = subprocess.Popen(
             [os.path.join(BIN, "trellis"), "serve", "--listen", "127.0.0.1:0",
              "--data-dir", os.path.join(work, "data"), "--max-parallel", str(parallel),
              "--log-level", "warn"],
             cwd=work, stdout=subprocess.PIPE, text=True)
-        line = engine.stdout.readline()
+        line = self.proc.stdout.readline()
         m = re.search(r"listening on (\S+)", line)
         if not m:
             raise SystemExit(f"engine did not start: {line!r}")
-        addr = m.group(1)
-        threading.Thread(target=engine.stdout.read, daemon=True).start()
+        self.addr = m.group(1)
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
         time.sleep(0.5)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def cli(self, *args, ok=(0,)):
+        t = time.perf_counter()
+        out = subprocess.run([os.path.join(BIN, "trellis"), *args, "--engine", self.addr,
+                              "--format", "json"], cwd=self.work, capture_output=True, text=True)
+        dt = time.perf_counter() - t
+        if out.returncode not in ok:
+            raise SystemExit(f"{args[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
+        return dt, out.stdout
+
+    def events(self, instance):
+        _, out = self.cli("events", "--instance", instance)
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(timeout=60)
+
+
+class Peak:
+    """The peak RSS of `pid`, sampled every 20 ms while in a `with` block."""
+
+    def __init__(self, pid):
+        self.pid, self.kib, self.done = pid, 0, threading.Event()
+
+    def __enter__(self):
+        def sample():
+            while not self.done.is_set():
+                self.kib = max(self.kib, rss_kib(self.pid))
+                time.sleep(0.02)
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
+def event_time(e):
+    """Seconds since the epoch of an event's `at` (RFC 3339, milliseconds)."""
+    from datetime import datetime
+    return datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()
+
+
+def run(n, layers, latency, parallel, rollback=True, reconcile=True):
+    work = tempfile.mkdtemp(prefix="trellis-bench-")
+    try:
+        with open(os.path.join(work, "bench.yaml"), "w") as f:
+            f.write(blueprint(n, layers, latency))
+        with open(os.path.join(work, "failing.yaml"), "w") as f:
+            f.write(blueprint(n, layers, latency, failing=True))
+        engine = Engine(work, parallel)
         idle = rss_kib(engine.pid)
-
-        def cli(*args):
-            t = time.perf_counter()
-            out = subprocess.run([os.path.join(BIN, "trellis"), *args, "--engine", addr,
-                                  "--format", "json"], cwd=work, capture_output=True, text=True)
-            dt = time.perf_counter() - t
-            if out.returncode != 0:
-                raise SystemExit(f"{args[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
-            return dt, out.stdout
-
-        plan_s, out = cli("plan", "bench.yaml", "--instance", "bench")
+        plan_s, out = engine.cli("plan", "bench.yaml", "--instance", "bench")
         cs = re.search(r'"id":\s*"(cs_[0-9a-f]+)"', out).group(1)
 
-        peak = [0]
-        done = threading.Event()
-
-        def sample():
-            while not done.is_set():
-                peak[0] = max(peak[0], rss_kib(engine.pid))
-                time.sleep(0.02)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
         plugins = children(engine.pid)
         cpu0 = cpu_s(engine.pid), sum(cpu_s(p) for p in plugins)
-        deploy_s, _ = cli("deploy", "--change-set", cs)
+        with Peak(engine.pid) as deploy_peak:
+            deploy_s, _ = engine.cli("deploy", "--change-set", cs)
         cpu1 = cpu_s(engine.pid), sum(cpu_s(p) for p in plugins)
-        done.set()
-        sampler.join()
-        engine.terminate()
-        engine.wait(timeout=60)
+        with Peak(engine.pid) as destroy_peak:
+            destroy_s, _ = engine.cli("destroy", "--instance", "bench")
+        after_destroy = rss_kib(engine.pid)
         critical = layers * latency / 1000
-        return {
+        r = {
             "resources": n, "layers": layers, "latency_ms": latency, "parallel": parallel,
             "plan_s": plan_s, "deploy_s": deploy_s, "ratio": deploy_s / critical,
-            "rss_idle_mib": idle / 1024, "rss_peak_mib": peak[0] / 1024,
+            "rss_idle_mib": idle / 1024, "rss_peak_mib": deploy_peak.kib / 1024,
             "engine_cpu_s": cpu1[0] - cpu0[0], "plugin_cpu_s": cpu1[1] - cpu0[1],
+            "destroy_s": destroy_s, "destroy_ratio": destroy_s / critical,
+            "destroy_peak_mib": destroy_peak.kib / 1024, "after_destroy_mib": after_destroy / 1024,
         }
+        if rollback:
+            # Everything but the failing resource's layer-9 sibling chain is created, then
+            # undone: layers 8..0 in reverse, LAYERS - 1 latencies on the critical path.
+            engine.cli("deploy", "failing.yaml", "--instance", "rb", "--rollback-on-failure",
+                       ok=(1,))
+            events = engine.events("rb")
+            started = next(event_time(e) for e in events if e["kind"] == "rollback.started")
+            ended = next(event_time(e) for e in reversed(events)
+                         if e["kind"] == "operation.finished")
+            undone = sum(1 for e in events if e["kind"] == "resource.destroyed")
+            r["rollback_s"] = ended - started
+            r["rollback_ratio"] = r["rollback_s"] / ((layers - 1) * latency / 1000)
+            r["rolled_back"] = undone
+        engine.stop()
+        if reconcile:
+            # Killed half way through its deploy: the calls in flight stay intents.
+            engine = Engine(work, parallel)
+            _, out = engine.cli("plan", "bench.yaml", "--instance", "rc")
+            cs = re.search(r'"id":\s*"(cs_[0-9a-f]+)"', out).group(1)
+            deploy = subprocess.Popen(
+                [os.path.join(BIN, "trellis"), "deploy", "--change-set", cs, "--engine",
+                 engine.addr, "--format", "json"], cwd=work,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(critical / 2)
+            engine.kill()
+            deploy.wait(timeout=60)
+            engine = Engine(work, parallel)
+            reconcile_s, _ = engine.cli("reconcile", "--instance", "rc", "--mode", "reapply")
+            settled = sum(1 for e in engine.events("rc")
+                          if e["kind"] in ("resource.created", "resource.destroyed"))
+            r["reconcile_s"] = reconcile_s
+            r["reconciled"] = settled
+            engine.stop()
+        return r
     finally:
         if os.environ.get("TRELLIS_BENCH_KEEP"):
             print(f"kept {work}", file=sys.stderr)
@@ -149,19 +238,35 @@ def main():
     ap.add_argument("--latency-ms", type=int, default=200)
     ap.add_argument("--parallel", type=int, default=0,
                     help="--max-parallel of the engine (default: the layer width)")
+    ap.add_argument("--skip-rollback", action="store_true")
+    ap.add_argument("--skip-reconcile", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(BIN, "trellis-provider-sim")):
         raise SystemExit("build first: cargo build --release --workspace")
     print("| resources | layers x latency | parallel | plan | deploy | deploy / critical path "
           "| RSS idle | RSS peak | engine CPU | plugin CPU |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    results = []
     for n in args.resources:
         parallel = args.parallel or max(1, n // args.layers)
-        r = run(n, args.layers, args.latency_ms, parallel)
+        r = run(n, args.layers, args.latency_ms, parallel,
+                rollback=not args.skip_rollback, reconcile=not args.skip_reconcile)
+        results.append(r)
         print(f"| {n:,} | {args.layers} x {args.latency_ms} ms | {parallel} | {r['plan_s']:.2f} s "
               f"| {r['deploy_s']:.2f} s | {r['ratio']:.3f} | {r['rss_idle_mib']:.0f} MiB "
               f"| {r['rss_peak_mib']:.0f} MiB | {r['engine_cpu_s']:.2f} s "
               f"| {r['plugin_cpu_s']:.2f} s |", flush=True)
+    print()
+    print("| resources | destroy | destroy / critical path | RSS peak | RSS after "
+          "| rollback (undone) | rollback / critical path | reconcile (settled) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        rb = (f"{r['rollback_s']:.2f} s ({r['rolled_back']:,}) | {r['rollback_ratio']:.3f}"
+              if "rollback_s" in r else "— | —")
+        rc = (f"{r['reconcile_s']:.2f} s ({r['reconciled']:,})" if "reconcile_s" in r else "—")
+        print(f"| {r['resources']:,} | {r['destroy_s']:.2f} s | {r['destroy_ratio']:.3f} "
+              f"| {r['destroy_peak_mib']:.0f} MiB | {r['after_destroy_mib']:.0f} MiB | {rb} | {rc} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ pub enum Command {
     /// `trellis engine listening on ADDR` once it accepts connections. SIGTERM or SIGINT drains:
     /// no new operations, running ones stop at a safe point within --drain-timeout (or are
     /// marked interrupted), plugins stop, exit 0.
-    Serve(crate::serve::ServeArgs),
+    Serve(Box<crate::serve::ServeArgs>),
     // Client commands (plan, deploy, destroy, instances, ...): their help is in cli_client.rs.
     #[command(flatten)]
     Client(crate::cli_client::ClientCommand),
@@ -96,6 +96,8 @@ pub struct EvalArgs {
     /// Refuse a blueprint larger than this many bytes.
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
     pub max_input_size: usize,
+    #[command(flatten)]
+    pub limits: crate::eval::limits::LimitArgs,
     #[command(flatten)]
     pub plugins: cli_plugins::PluginDirArgs,
 }
@@ -149,7 +151,7 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
 pub fn main() -> ExitCode {
     let command = match Cli::parse().command {
         // The daemon configures its own logging (level and format are settings).
-        Command::Serve(args) => return crate::serve::run(args),
+        Command::Serve(args) => return crate::serve::run(*args),
         other => other,
     };
     cli_plugins::init_tracing();
@@ -158,7 +160,7 @@ pub fn main() -> ExitCode {
         Command::Eval(args) => crate::cli_eval::run(&args),
         Command::Explain(args) => run_explain(&args),
         Command::Plugins(args) => cli_plugins::run(&args),
-        Command::Serve(args) => crate::serve::run(args),
+        Command::Serve(args) => crate::serve::run(*args),
         Command::Client(command) => crate::cli_client::run(command),
     }
 }

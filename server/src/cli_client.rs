@@ -245,6 +245,10 @@ pub struct InstanceArgs {
     /// The instance's name.
     #[arg(value_name = "NAME")]
     pub name: String,
+    /// Print secrets (exports, specs and states derived from a secret) in clear instead of
+    /// `(sensitive)`. Once the engine has authentication this will need its own permission.
+    #[arg(long)]
+    pub reveal_secrets: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -641,9 +645,11 @@ async fn plan(
     source: pb::BlueprintSource,
 ) -> Result<u8, Failure> {
     let request_id = args.request.resolve();
+    let sent = sent_files(&source);
     let cs = create_change_set(client, &request_id, &args.instance, source, &args.vars).await?;
     match args.engine.format {
         OutputFormat::Json => emit_json(&json!({ "changeSet": change_set_json(&cs) }))?,
+        OutputFormat::Text if is_invalid(&cs) => emit(&invalid_plan_text(&cs, &sent))?,
         OutputFormat::Text => emit(&plan_text(&cs, true))?,
     }
     Ok(plan_exit_code(&cs))
@@ -696,10 +702,15 @@ async fn deploy(
                 op
             } else {
                 // The same id: a retry that had got as far as planning gets that plan back.
+                let sent = sent_files(&source);
                 let cs =
                     create_change_set(client, &request_id, instance, source, &args.vars).await?;
                 if format == OutputFormat::Text {
-                    emit(&plan_text(&cs, false))?;
+                    if is_invalid(&cs) {
+                        emit(&invalid_plan_text(&cs, &sent))?;
+                    } else {
+                        emit(&plan_text(&cs, false))?;
+                    }
                 }
                 if plan_exit_code(&cs) != 0 {
                     if format == OutputFormat::Json {
@@ -803,6 +814,7 @@ async fn destroy(client: &mut Client, args: &DestroyArgs) -> Result<u8, Failure>
     // destroy call below reports why.
     let request = pb::GetInstanceRequest {
         instance: args.instance.clone(),
+        reveal_secrets: false,
     };
     let sizing = client
         .api
@@ -867,11 +879,15 @@ async fn instances(client: &mut Client, args: &InstancesArgs) -> Result<u8, Fail
 async fn instance(client: &mut Client, args: &InstanceArgs) -> Result<u8, Failure> {
     let request = pb::GetInstanceRequest {
         instance: args.name.clone(),
+        reveal_secrets: args.reveal_secrets,
     };
-    let inst = match client.api.get_instance(request).await {
+    let mut inst = match client.api.get_instance(request).await {
         Ok(r) => r.into_inner(),
         Err(s) => return Err(client.fail(s)),
     };
+    if args.reveal_secrets {
+        reveal_instance(&mut inst);
+    }
     match args.engine.format {
         OutputFormat::Json => emit_json(&instance_json(&inst))?,
         OutputFormat::Text => emit(&instance_text(&inst))?,
@@ -1437,6 +1453,35 @@ fn value_json(v: Option<&pv::Value>) -> Json {
     }
 }
 
+/// Asked for with `--reveal-secrets`: secrets the engine sent with their values print as
+/// those values (a masked one, without a value, stays masked).
+fn reveal_instance(inst: &mut pb::Instance) {
+    fn reveal(v: &mut pv::Value) {
+        use pv::value::Kind;
+        if v.kind.is_some() {
+            v.sensitive = false;
+        }
+        match &mut v.kind {
+            Some(Kind::List(l)) => l.items.iter_mut().for_each(reveal),
+            Some(Kind::Map(m)) => m
+                .entries
+                .iter_mut()
+                .filter_map(|e| e.value.as_mut())
+                .for_each(reveal),
+            _ => {}
+        }
+    }
+    for r in &mut inst.resources {
+        r.spec.iter_mut().chain(r.state.iter_mut()).for_each(reveal);
+    }
+    for l in &mut inst.links {
+        l.data.iter_mut().for_each(reveal);
+    }
+    for e in &mut inst.exports {
+        e.value.iter_mut().for_each(reveal);
+    }
+}
+
 // ---- rendering: JSON --------------------------------------------------------------------------
 
 /// `trellis instance --format json`.
@@ -1781,6 +1826,111 @@ fn action_sign(action: pb::ChangeAction) -> &'static str {
         pb::ChangeAction::Delete => "-",
         pb::ChangeAction::NoChange | pb::ChangeAction::Unspecified => " ",
     }
+}
+
+/// The engine found the blueprint invalid: nothing was planned, `diagnostics` say why.
+pub fn is_invalid(cs: &pb::ChangeSet) -> bool {
+    cs.status() == pb::ChangeSetStatus::Invalid
+}
+
+/// The documents a request sends (to show diagnostics with their source lines); none for a
+/// path on the engine host.
+fn sent_files(source: &pb::BlueprintSource) -> Vec<(String, Vec<u8>)> {
+    match &source.source {
+        Some(pb::blueprint_source::Source::Inline(b)) => {
+            std::iter::once((b.file_name.clone(), b.content.clone()))
+                .chain(
+                    b.children
+                        .iter()
+                        .map(|c| (c.path.clone(), c.content.clone())),
+                )
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// An invalid blueprint, as `trellis validate` shows one: every diagnostic (with its source
+/// line when it is in a document this command sent), then a summary line.
+pub fn invalid_plan_text(cs: &pb::ChangeSet, sent: &[(String, Vec<u8>)]) -> String {
+    let mut sources = crate::source::SourceMap::new();
+    let files: Vec<(&str, crate::source::FileId)> = sent
+        .iter()
+        .map(|(name, bytes)| {
+            let text = String::from_utf8_lossy(bytes).into_owned();
+            (name.as_str(), sources.add(name.clone(), text))
+        })
+        .collect();
+    let mut out = String::new();
+    for d in &cs.diagnostics {
+        let located = files
+            .iter()
+            .find(|(name, _)| *name == d.file)
+            .and_then(|(_, id)| located_diagnostic(d, *id, &sources));
+        match located {
+            Some(diag) => out.push_str(&crate::diag::render_text(&diag, &sources)),
+            None => out.push_str(&diagnostic_text(d)),
+        }
+        out.push('\n');
+    }
+    let errors = cs
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity() == pb::Severity::Error)
+        .count();
+    let warnings = cs.diagnostics.len() - errors;
+    out.push_str(&format!(
+        "error: the blueprint is invalid: {errors} error{}, {warnings} warning{}; nothing was \
+         planned\n",
+        plural(errors),
+        plural(warnings)
+    ));
+    out
+}
+
+/// `d` as a diagnostic spanning its lines and columns in `file`, to render with its source
+/// line; `None` when its code or location does not fit.
+fn located_diagnostic(
+    d: &pb::Diagnostic,
+    file: crate::source::FileId,
+    sources: &crate::source::SourceMap,
+) -> Option<crate::diag::Diagnostic> {
+    use crate::diag::Severity;
+    let code = crate::diag::lookup(&d.code)?;
+    let text = &sources.get(file).text;
+    let start = text_offset(text, d.line, d.column)?;
+    let end = text_offset(text, d.end_line, d.end_column)
+        .filter(|&e| e >= start)
+        .unwrap_or(start);
+    Some(crate::diag::Diagnostic {
+        severity: match d.severity() {
+            pb::Severity::Error => Severity::Error,
+            pb::Severity::Warning => Severity::Warning,
+            pb::Severity::Info | pb::Severity::Unspecified => Severity::Info,
+        },
+        code,
+        message: d.message.clone(),
+        span: crate::source::Span::new(file, start, end),
+        hint: (!d.hint.is_empty()).then(|| d.hint.clone()),
+    })
+}
+
+/// The byte offset of 1-based `line` and `column` (in characters) in `text`, the column
+/// capped at the line's end.
+fn text_offset(text: &str, line: u32, column: u32) -> Option<usize> {
+    if line == 0 || column == 0 {
+        return None;
+    }
+    let mut start = 0;
+    for _ in 1..line {
+        start += text[start..].find('\n')? + 1;
+    }
+    let line_text = text[start..].split('\n').next().unwrap_or("");
+    let within = line_text
+        .char_indices()
+        .nth(column as usize - 1)
+        .map_or(line_text.len(), |(i, _)| i);
+    Some(start + within)
 }
 
 fn diagnostic_text(d: &pb::Diagnostic) -> String {
@@ -2370,7 +2520,7 @@ pub fn status_failure(status: &tonic::Status, engine: &str) -> Failure {
                 with_default("aborted")
             ),
         ),
-        // An invalid blueprint: the engine's message carries its diagnostics.
+        // A bad request (an invalid blueprint is an answer: `invalid_plan_text`).
         Code::InvalidArgument => (1, with_default("invalid request")),
         _ => (1, format!("the engine answered {}: {msg}", code_name(code))),
     };
@@ -2382,12 +2532,14 @@ pub fn operation_exit_code(op: &pb::Operation) -> u8 {
     u8::from(op.status() != pb::OperationStatus::Succeeded)
 }
 
-/// 1 when the plan has error diagnostics.
+/// 1 when the blueprint is invalid or the plan has error diagnostics.
 pub fn plan_exit_code(cs: &pb::ChangeSet) -> u8 {
     u8::from(
-        cs.diagnostics
-            .iter()
-            .any(|d| d.severity() == pb::Severity::Error),
+        is_invalid(cs)
+            || cs
+                .diagnostics
+                .iter()
+                .any(|d| d.severity() == pb::Severity::Error),
     )
 }
 
@@ -3269,6 +3421,7 @@ To deploy it: trellis deploy --change-set cs_1
             .api
             .get_instance(pb::GetInstanceRequest {
                 instance: "x".into(),
+                reveal_secrets: false,
             })
             .await
             .unwrap_err();
@@ -3304,5 +3457,64 @@ To deploy it: trellis deploy --change-set cs_1
             "{}",
             missing.message
         );
+    }
+
+    #[test]
+    fn invalid_plan_shows_diagnostics_like_validate() {
+        let cs = pb::ChangeSet {
+            instance: "app".into(),
+            status: pb::ChangeSetStatus::Invalid as i32,
+            diagnostics: vec![
+                pb::Diagnostic {
+                    code: "T0501".into(),
+                    severity: pb::Severity::Error as i32,
+                    message: "unknown variable `x`".into(),
+                    file: "app.yaml".into(),
+                    line: 2,
+                    column: 14,
+                    end_line: 2,
+                    end_column: 15,
+                    ..Default::default()
+                },
+                pb::Diagnostic {
+                    code: "T0501".into(),
+                    severity: pb::Severity::Error as i32,
+                    message: "unknown variable `y`".into(),
+                    file: "on-the-engine-host.yaml".into(),
+                    line: 1,
+                    column: 1,
+                    hint: "declare it".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(plan_exit_code(&cs), 1);
+        let sent = vec![(
+            "app.yaml".to_owned(),
+            b"version: 2023-04-20\nvalue: \"\xc3\xa9${x}\"\n".to_vec(),
+        )];
+        let text = invalid_plan_text(&cs, &sent);
+        let expected = "\
+error[T0501]: unknown variable `x`
+ --> app.yaml:2:14
+  |
+2 | value: \"\u{e9}${x}\"
+  |              ^
+
+error[T0501]: unknown variable `y`
+  --> on-the-engine-host.yaml:1:1
+  = hint: declare it
+
+error: the blueprint is invalid: 2 errors, 0 warnings; nothing was planned
+";
+        assert_eq!(text, expected);
+        assert_eq!(text_offset("ab\ncd", 2, 2), Some(4));
+        assert_eq!(
+            text_offset("ab\ncd", 2, 9),
+            Some(5),
+            "capped at the line's end"
+        );
+        assert_eq!(text_offset("ab", 3, 1), None);
     }
 }

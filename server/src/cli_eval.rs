@@ -50,7 +50,15 @@ pub fn run(args: &EvalArgs) -> ExitCode {
             .iter()
             .any(|d| d.code == &codes::UNKNOWN_FUNCTION)
     };
-    let mut probe = Console::new(blueprint.clone(), &args.vars, &env, args.max_input_size);
+    let limits = args.limits.limits();
+    let mut probe = Console::with_limits(
+        blueprint.clone(),
+        &args.vars,
+        &env,
+        args.max_input_size,
+        None,
+        limits,
+    );
     let mut outcome = None;
     if probe.ready()
         && let Some(expr) = &args.expr
@@ -79,12 +87,13 @@ pub fn run(args: &EvalArgs) -> ExitCode {
             manifests: &context.manifests,
             functions: &context,
         };
-        Console::with_plugins(
+        Console::with_limits(
             blueprint,
             &args.vars,
             &env,
             args.max_input_size,
             Some(plugins),
+            limits,
         )
     } else {
         probe

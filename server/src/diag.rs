@@ -129,6 +129,9 @@ registry! {
     EXPORT_TYPE_MISMATCH = "T0706" "export-type-mismatch" Error "An export's declared type differs from the type of the field it exports.";
     VARIABLE_REQUIRED = "T0707" "variable-required" Error "A variable without a default was given no value.";
     EVALUATION = "T0708" "evaluation" Error "Evaluating a substitution failed (a function rejected its input, a missing field or index).";
+    VALUE_TOO_LARGE = "T0709" "value-too-large" Error "An expression would produce a string, array or object larger than the engine's limit per value (`max-value-bytes`).";
+    TOO_MANY_RESOURCES = "T0710" "too-many-resources" Error "The blueprint would have more resources after `each` expansion than the engine's limit (`max-resources`).";
+    EVALUATION_BUDGET = "T0711" "evaluation-budget" Error "Evaluating the blueprint produced more bytes of values in total than the engine's budget per evaluation (`max-eval-bytes`).";
 
     // T08xx: provider checks (plugins).
     PROVIDER_MISSING = "T0801" "provider-missing" Error "No installed plugin provides the namespace a type needs.";

@@ -18,6 +18,7 @@ pub mod eval;
 pub mod functions;
 pub mod plugin_checks;
 pub mod plugins;
+pub mod redact;
 pub mod serve;
 pub mod source;
 pub mod state;

@@ -325,7 +325,9 @@ fn journaled(journal: &Path) -> Vec<String> {
     std::fs::read_to_string(journal)
         .unwrap_or_default()
         .lines()
-        .filter_map(|l| l.strip_prefix("created ").map(str::to_owned))
+        .filter_map(|l| l.strip_prefix("created "))
+        // `created <name> <key>`
+        .filter_map(|rest| rest.split(' ').next().map(str::to_owned))
         .collect()
 }
 

@@ -251,13 +251,25 @@ fn a_draining_engine_refuses_new_mutations_and_still_answers_retries() {
     assert_eq!(again.id, op.id);
     drop((api, health));
 
-    // The plugin's death ends the call in flight, so the drain ends.
+    // The plugin's death ends the call in flight without an answer, so the operation ends on
+    // its own within the drain time (failed), and the drain with it.
     // SAFETY: killing the sim plugin of the engine this test started.
     assert_eq!(unsafe { libc::kill(sim[0], libc::SIGKILL) }, 0);
     assert_eq!(engine.terminate(), Some(0));
 
     let engine = Engine::builder(root.path()).args(&args).start();
-    assert_shutdown_interrupted(&engine, &op.id, "q");
+    let finished: Vec<Value> = engine
+        .events("q")
+        .into_iter()
+        .filter(|(kind, p)| kind == "operation.finished" && p["operation"] == op.id.as_str())
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(finished.len(), 1, "{finished:?}");
+    assert_eq!(finished[0]["status"], "failed", "{finished:?}");
+    // The create that never answered stays an intent, for recovery to settle.
+    let inst = engine.instance("q");
+    assert_eq!(inst["status"], "DEPLOY_FAILED", "{inst}");
+    assert_eq!(inst["resources"]["r0"]["status"], "CREATING", "{inst}");
     assert_deploy_recovers(&engine, "q", 2);
 }
 

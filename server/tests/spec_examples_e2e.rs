@@ -120,8 +120,18 @@ fn the_same_directory_example_plans_and_deploys() {
     );
     assert!(text.contains("app-infra.yaml"), "{text}");
     // A diagnostic at the key in the parent's include.
-    assert!(text.contains("error[T0406]"), "{text}");
-    assert!(text.contains("main-blueprint.yaml:33:7"), "{text}");
+    let at_include = out["changeSet"]["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["code"] == "T0406")
+        .unwrap_or_else(|| panic!("no T0406: {text}"));
+    assert_eq!(at_include["file"], "main-blueprint.yaml", "{text}");
+    assert_eq!(
+        (&at_include["line"], &at_include["column"]),
+        (&33.into(), &7.into()),
+        "{text}"
+    );
     let (code, list) = engine.json(&["instances"]);
     assert_eq!(code, 0, "{list}");
     // A blueprint that fails to plan leaves no instance behind, parent or child.

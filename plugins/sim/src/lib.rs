@@ -129,6 +129,7 @@ struct Knobs {
     fail_class: ErrorClass,
     fail_partial: bool,
     crash_on: Option<Op>,
+    crash_after: Option<Op>,
 }
 
 fn op_field(spec: &Spec<'_>, key: &str) -> Result<Option<Op>> {
@@ -173,6 +174,7 @@ impl Knobs {
             fail_class: class_field(spec)?,
             fail_partial: spec.opt_bool("failPartial")?.unwrap_or(false),
             crash_on: op_field(spec, "crashOn")?,
+            crash_after: op_field(spec, "crashAfter")?,
         })
     }
 }
@@ -302,6 +304,13 @@ impl Resource for SimResource {
                     .allowed(OPS)
                     .describe("The operation during which the plugin process exits abruptly (code 101)."),
             )
+            .field(
+                "crashAfter",
+                Field::string().allowed(OPS).describe(
+                    "The operation after which the plugin process exits abruptly (code 101): \
+                     the operation happened (and is journaled) but is never answered.",
+                ),
+            )
             .field("payload", Field::any().describe("Any value; echoed in the state."))
             .field("id", Field::string().computed().describe("Stable per resource name."))
     }
@@ -327,7 +336,7 @@ impl Resource for SimResource {
         if known("failTimes") {
             check(spec.opt_u64("failTimes").map(drop));
         }
-        for key in ["failOn", "crashOn"] {
+        for key in ["failOn", "crashOn", "crashAfter"] {
             if known(key) {
                 check(op_field(&spec, key).map(drop));
             }
@@ -356,12 +365,32 @@ impl Resource for SimResource {
                 .at("crashOn"),
             );
         }
+        if let Some(op) = spec.get("crashAfter").and_then(Value::as_str) {
+            out.push(
+                Diagnostic::warning(
+                    "sim.crash",
+                    format!(
+                        "the sim plugin process will exit after {op} of `{}`",
+                        req.name
+                    ),
+                )
+                .at("crashAfter"),
+            );
+        }
         Ok(out)
     }
 
     async fn create(&self, ctx: &Context, req: &CreateRequest) -> Result<Applied> {
-        self.simulate(ctx, &req.name, Op::Create, &req.spec).await?;
-        journal("created", &req.name);
+        let key = ctx.idempotency_key();
+        // Idempotency as a provider with request tokens has it: a create asked again with
+        // the key of one that happened returns that one instead of acting twice.
+        if !key.is_empty() && created_with(&req.name) == Some(key.to_owned()) {
+            tracing::info!(resource = %req.name, "create already done with this key");
+        } else {
+            self.simulate(ctx, &req.name, Op::Create, &req.spec).await?;
+            journal("created", &req.name, key);
+            crash_after(&req.spec, Op::Create, &req.name)?;
+        }
         Ok(Applied::new(
             sim_id(&req.name),
             state_of(&req.name, &req.spec),
@@ -379,7 +408,8 @@ impl Resource for SimResource {
     async fn destroy(&self, ctx: &Context, current: &ResourceState) -> Result<()> {
         self.simulate(ctx, &current.name, Op::Destroy, &current.spec)
             .await?;
-        journal("destroyed", &current.name);
+        journal("destroyed", &current.name, ctx.idempotency_key());
+        crash_after(&current.spec, Op::Destroy, &current.name)?;
         Ok(())
     }
 
@@ -403,16 +433,33 @@ impl Resource for SimResource {
     }
 }
 
-/// Appends `created <name>` or `destroyed <name>` to the file named by `TRELLIS_SIM_JOURNAL`,
-/// when set: what the plugin did, independent of the engine's state, so crash tests can check
-/// that the engine recorded everything (see README.md).
-fn journal(what: &str, name: &str) {
+/// With `crashAfter: <op>`, exits the process once `op` is done, before it is answered.
+fn crash_after(spec: &Value, op: Op, name: &str) -> Result<()> {
+    if Knobs::read(&Spec::new(spec))?.crash_after == Some(op) {
+        eprintln!(
+            "sim: crashAfter={} for resource `{name}`: exiting abruptly with code {CRASH_EXIT_CODE}",
+            op.as_str()
+        );
+        std::process::exit(CRASH_EXIT_CODE);
+    }
+    Ok(())
+}
+
+/// Appends `created <name> <key>` or `destroyed <name> <key>` (the call's idempotency key,
+/// when it has one) to the file named by `TRELLIS_SIM_JOURNAL`, when set: what the plugin did,
+/// independent of the engine's state, so crash tests can check that the engine recorded
+/// everything (see README.md).
+fn journal(what: &str, name: &str, key: &str) {
     use std::io::Write;
     let Some(path) = std::env::var_os("TRELLIS_SIM_JOURNAL") else {
         return;
     };
     // One write per line with O_APPEND: lines from concurrent calls never interleave.
-    let line = format!("{what} {name}\n");
+    let line = if key.is_empty() {
+        format!("{what} {name}\n")
+    } else {
+        format!("{what} {name} {key}\n")
+    };
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -429,13 +476,29 @@ fn journal(what: &str, name: &str) {
 /// Whether the journal shows `name` as existing (its last entry is `created`); `None` without
 /// a journal. A journal that cannot be read shows nothing as existing.
 fn journaled(name: &str) -> Option<bool> {
+    let last = last_entry(name)?;
+    Some(last.is_some_and(|(what, _)| what == "created"))
+}
+
+/// The key `name` was created with, when the journal shows it existing.
+fn created_with(name: &str) -> Option<String> {
+    match last_entry(name)?? {
+        (what, key) if what == "created" => key,
+        _ => None,
+    }
+}
+
+/// The last journal entry of `name` (what, and the key when one was written); `None` without
+/// a journal.
+#[allow(clippy::type_complexity)]
+fn last_entry(name: &str) -> Option<Option<(String, Option<String>)>> {
     let path = std::env::var_os("TRELLIS_SIM_JOURNAL")?;
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let last = text.lines().rev().find_map(|l| {
-        let (what, n) = l.split_once(' ')?;
-        (n == name).then_some(what)
-    });
-    Some(last == Some("created"))
+    Some(text.lines().rev().find_map(|l| {
+        let mut words = l.split(' ');
+        let (what, n) = (words.next()?, words.next()?);
+        (n == name).then(|| (what.to_owned(), words.next().map(str::to_owned)))
+    }))
 }
 
 /// `echo(value)`: returns its argument, for call round-trip benchmarks.

@@ -92,11 +92,18 @@ pub fn resolve(
     }
     // As for path sources: the roots are checked before anything says whether the file
     // exists, so a refusal reveals nothing outside them.
-    let resolved = super::resolve_existing(Path::new(&key))
-        .filter(|resolved| allowed_roots.iter().any(|r| resolved.starts_with(r)))
-        .ok_or_else(|| format!("`{key}` is not under a root the engine allows (--allow-path)"))?;
-    let content = super::read_path_source(Path::new(&key), &resolved, max_input_size)
-        .map_err(|e| format!("`{key}`: {e}"))?;
+    let (resolved, content) = super::paths::read_under_roots(
+        Path::new(&key),
+        Path::new(&key),
+        allowed_roots,
+        max_input_size,
+    )
+    .map_err(|refused| match refused {
+        super::paths::Refused::Outside => {
+            format!("`{key}` is not under a root the engine allows (--allow-path)")
+        }
+        super::paths::Refused::Invalid(e) => format!("`{key}`: {e}"),
+    })?;
     Ok((resolved.display().to_string(), content))
 }
 

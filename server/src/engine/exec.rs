@@ -113,63 +113,72 @@ fn new_target(instance_id: &str, name: &str, ty: &str) -> Target {
 // Moved once per resource; boxing the larger variant would buy nothing measurable.
 #[allow(clippy::large_enum_variant)]
 enum Job {
-    /// A create or update: intent, provider call, outcome.
+    /// A create, update or destroy whose intent and outcome the scheduling loop records.
     Apply(Apply),
-    /// The resource is destroyed, then created with `create` (an `Apply::Create`).
-    Recreate {
-        current: Resource,
-        create: Apply,
-    },
-    Delete {
-        current: Resource,
+    /// A destroy of a resource that has links: they are removed first, each through its
+    /// provider, so the job records its own steps.
+    Unlink { current: Resource, key: String },
+    /// Reconcile settles one resource (see [`reconcile_one`]).
+    Settle {
+        resource: Resource,
+        accept: bool,
+        checker: Arc<super::drift::Checker>,
     },
 }
 
 /// What a finished job did, for rollback and for dependents.
 #[derive(Clone, Debug)]
 pub enum Done {
-    Created { name: String, state: Json },
-    Updated { before: Resource, state: Json },
-    Recreated { before: Resource, state: Json },
-    Deleted { before: Resource },
+    Created {
+        name: String,
+        state: Json,
+    },
+    Updated {
+        before: Resource,
+        state: Json,
+    },
+    Deleted {
+        before: Resource,
+    },
+    /// Reconciled (whatever that took).
+    Settled {
+        name: String,
+    },
 }
 
 impl Done {
     /// The provider's state after a create or update.
     fn state(&self) -> Option<&Json> {
         match self {
-            Done::Created { state, .. }
-            | Done::Updated { state, .. }
-            | Done::Recreated { state, .. } => Some(state),
-            Done::Deleted { .. } => None,
+            Done::Created { state, .. } | Done::Updated { state, .. } => Some(state),
+            Done::Deleted { .. } | Done::Settled { .. } => None,
         }
     }
 }
 
 async fn run_job(ctx: Arc<RunContext>, job: Job) -> Result<Done, String> {
-    let inst = ctx.operation.instance_id.clone();
     match job {
         Job::Apply(a) => apply_one(&ctx, a).await,
-        Job::Recreate { current, create } => {
-            destroy(&ctx, &inst, &current).await?;
-            let state = apply_one(&ctx, create)
-                .await?
-                .state()
-                .cloned()
-                .unwrap_or(Json::Null);
-            Ok(Done::Recreated {
-                before: current,
-                state,
-            })
-        }
-        Job::Delete { current } => {
-            destroy(&ctx, &inst, &current).await?;
+        Job::Unlink { current, key } => {
+            destroy(&ctx, &current, &key).await?;
             Ok(Done::Deleted { before: current })
+        }
+        Job::Settle {
+            resource,
+            accept,
+            checker,
+        } => {
+            reconcile_one(&ctx, &resource, accept, &checker)
+                .await
+                .map_err(|e| format!("{}: {e}", resource.name))?;
+            Ok(Done::Settled {
+                name: resource.name,
+            })
         }
     }
 }
 
-/// One create or update on its own: the same intent, call and outcome the scheduler batches.
+/// One provider call on its own: the same intent, call and outcome the scheduler batches.
 async fn apply_one(ctx: &RunContext, a: Apply) -> Result<Done, String> {
     let fail = |e: StateError| format!("state store: {e}");
     // The intent is durable before the provider hears of the resource: a crash after this
@@ -182,79 +191,54 @@ async fn apply_one(ctx: &RunContext, a: Apply) -> Result<Done, String> {
     done
 }
 
-/// Creates a resource from a recorded spec (rollback, reconcile); its new state.
-async fn create(ctx: &RunContext, r: &Resource) -> Result<Json, String> {
-    let done = apply_one(
-        ctx,
-        Apply::Create {
-            name: r.name.clone(),
-            ty: r.resource_type.clone(),
-            spec: r.spec.clone(),
-            depends_on: r.depends_on.clone(),
-            metadata: r.metadata.clone(),
-        },
-    )
-    .await?;
+/// Creates a resource from a recorded spec (rollback, reconcile) with the idempotency `key`;
+/// its new state.
+async fn create(ctx: &RunContext, r: &Resource, key: String) -> Result<Json, String> {
+    let done = apply_one(ctx, create_job(r, key)).await?;
     Ok(done.state().cloned().unwrap_or(Json::Null))
 }
 
+/// A create of a recorded resource, as it was recorded.
+fn create_job(r: &Resource, key: String) -> Apply {
+    Apply::Create {
+        name: r.name.clone(),
+        ty: r.resource_type.clone(),
+        spec: r.spec.clone(),
+        depends_on: r.depends_on.clone(),
+        metadata: r.metadata.clone(),
+        key,
+    }
+}
+
+/// The key of the call `r`'s intent announced when its outcome is unknown (no answer came).
+fn unfinished_key(r: &Resource) -> Option<String> {
+    use crate::state::ResourceStatus as S;
+    let unfinished = matches!(
+        r.status,
+        S::CreateRequested | S::UpdateRequested | S::DestroyRequested
+    );
+    r.call_key.clone().filter(|k| unfinished && !k.is_empty())
+}
+
 /// Updates a resource back to a recorded spec (rollback, reconcile).
-fn update_to(current: &Resource, recorded: &Resource) -> Job {
-    Job::Apply(Apply::Update {
+fn update_to(current: &Resource, recorded: &Resource, key: String) -> Apply {
+    Apply::Update {
         current: current.clone(),
         spec: recorded.spec.clone(),
         depends_on: recorded.depends_on.clone(),
         metadata: recorded.metadata.clone(),
-    })
+        key,
+    }
 }
 
 /// Links first, then intent, provider destroy, removal.
-async fn destroy(ctx: &RunContext, inst: &str, current: &Resource) -> Result<(), String> {
-    let fail = |e: StateError| format!("state store: {e}");
-    let name = &current.name;
-    unlink_all(ctx, name).await?;
-    ctx.commit(
-        vec![Change::IntendDestroy { name: name.clone() }],
-        vec![NewEvent::new(
-            "resource.destroy_requested",
-            json!({ "resource": name, "type": current.resource_type }),
-        )],
-    )
-    .await
-    .map_err(fail)?;
-    match ctx
-        .provisioner
-        .destroy(&target(inst, current), &ctx.key(name, "destroy"))
-        .await
-    {
-        Ok(()) => {
-            ctx.commit(
-                vec![Change::ResourceRemoved { name: name.clone() }],
-                vec![NewEvent::new(
-                    "resource.destroyed",
-                    json!({ "resource": name, "type": current.resource_type }),
-                )],
-            )
-            .await
-            .map_err(fail)?;
-            Ok(())
-        }
-        Err(f) => {
-            ctx.commit(
-                vec![Change::ResourceFailed {
-                    name: name.clone(),
-                    reason: f.message.clone(),
-                }],
-                vec![NewEvent::new(
-                    "resource.failed",
-                    json!({ "resource": name, "type": current.resource_type, "reason": f.message }),
-                )],
-            )
-            .await
-            .map_err(fail)?;
-            Err(f.message)
-        }
-    }
+async fn destroy(ctx: &RunContext, current: &Resource, key: &str) -> Result<(), String> {
+    unlink_all(ctx, &current.name).await?;
+    let job = Apply::Destroy {
+        current: current.clone(),
+        key: key.to_owned(),
+    };
+    apply_one(ctx, job).await.map(drop)
 }
 
 /// A node of the schedule: a job (built when the node becomes ready) and what it waits for.
@@ -268,10 +252,13 @@ struct Node {
 /// loop thread when node `i` is ready: it returns the job to run, `Ok(None)` when there is
 /// nothing to do (the node is done at once), or an error that fails the node. `finish` sees
 /// every finished node, before its outcome is committed (with the intents of the dependents
-/// it makes ready). Stops starting work at the first failure or when `ctx.stop` fires.
+/// it makes ready). What it does on a failure and on `ctx.stop` is the `policy`'s; a failed
+/// node's dependents never start. Returns the failure (all of them, one a line, when the
+/// policy keeps going) and whether the run was stopped.
 fn schedule(
     ctx: &Arc<RunContext>,
     nodes: &mut [Node],
+    policy: Policy,
     mut start: impl FnMut(usize) -> Result<Option<Job>, String>,
     mut finish: impl FnMut(usize, &Done),
 ) -> Result<(), (String, bool)> {
@@ -288,6 +275,9 @@ fn schedule(
     let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
     let mut in_flight = 0usize;
     let mut failure: Option<(String, bool)> = None;
+    let mut errors: Vec<String> = Vec::new();
+    // Nothing more may start: stopped, failed without keep-going, or the store refused a turn.
+    let mut halted = false;
     let mut done = 0usize;
     let release = |nodes: &mut [Node], ready: &mut std::collections::VecDeque<usize>, i: usize| {
         for k in 0..nodes[i].dependents.len() {
@@ -325,17 +315,24 @@ fn schedule(
                 }
                 Err(e) => {
                     if failure.is_none() {
-                        failure = Some((e, false));
+                        failure = Some((e.clone(), false));
                     }
+                    errors.push(e);
+                    halted |= !policy.keep_going;
                 }
             }
         }
         // Start what is ready. Creates and updates record their intents in this turn's unit
         // of work, before any of their provider calls goes out.
         let mut batch: Vec<(usize, Apply)> = Vec::new();
-        while failure.is_none() && in_flight + batch.len() < ctx.max_parallel {
-            if ctx.stop.is_cancelled() {
-                failure = Some(("the operation was stopped before it finished".into(), true));
+        while !halted && in_flight + batch.len() < ctx.max_parallel {
+            if policy.stoppable && ctx.stop.is_cancelled() {
+                let why = "the operation was stopped before it finished".to_owned();
+                if failure.is_none() {
+                    failure = Some((why.clone(), true));
+                }
+                errors.push(why);
+                halted = true;
                 break;
             }
             let Some(i) = ready.pop_front() else { break };
@@ -354,7 +351,13 @@ fn schedule(
                     done += 1;
                     release(nodes, &mut ready, i);
                 }
-                Err(e) => failure = Some((e, false)),
+                Err(e) => {
+                    if failure.is_none() {
+                        failure = Some((e.clone(), false));
+                    }
+                    errors.push(e);
+                    halted |= !policy.keep_going;
+                }
             }
         }
         if !events.is_empty() || !batch.is_empty() {
@@ -378,9 +381,12 @@ fn schedule(
                 Err(e) => {
                     // Nothing of the turn was recorded: the calls that came back happened and
                     // their intents stay (reconcile settles them); the new ones never start.
+                    let e = format!("state store: {e}");
                     if failure.is_none() {
-                        failure = Some((format!("state store: {e}"), false));
+                        failure = Some((e.clone(), false));
                     }
+                    errors.push(e);
+                    halted = true;
                 }
             }
         }
@@ -397,13 +403,40 @@ fn schedule(
         }
     }
     match failure {
+        Some((_, stopped)) if errors.len() > 1 => Err((errors.join("\n"), stopped)),
         Some(f) => Err(f),
         None if done < nodes.len() => Err(("a dependency cycle blocked the plan".into(), false)),
         None => Ok(()),
     }
 }
 
-/// A create or update: the jobs whose intents and outcomes the loop records in batches.
+/// How a schedule treats a stop request and a failure.
+#[derive(Clone, Copy)]
+struct Policy {
+    /// Stop starting work when the operation is asked to stop (cancel, drain, lost lease).
+    stoppable: bool,
+    /// After a failure, go on with what does not depend on it.
+    keep_going: bool,
+}
+
+/// A deploy or destroy: stops at the first failure or when asked.
+const DEPLOY: Policy = Policy {
+    stoppable: true,
+    keep_going: false,
+};
+/// A rollback undoes all it can, asked to stop or not.
+const ROLLBACK: Policy = Policy {
+    stoppable: false,
+    keep_going: true,
+};
+/// A reconcile settles all it can, until asked to stop.
+const RECONCILE: Policy = Policy {
+    stoppable: true,
+    keep_going: true,
+};
+
+/// A create, update or destroy: the jobs whose intents and outcomes the loop records in
+/// batches. `key` is the idempotency key of the provider call.
 // Moved once per resource; boxing the larger variant would buy nothing measurable.
 #[allow(clippy::large_enum_variant)]
 enum Apply {
@@ -413,12 +446,18 @@ enum Apply {
         spec: Json,
         depends_on: Vec<String>,
         metadata: Json,
+        key: String,
     },
     Update {
         current: Resource,
         spec: Json,
         depends_on: Vec<String>,
         metadata: Json,
+        key: String,
+    },
+    Destroy {
+        current: Resource,
+        key: String,
     },
 }
 
@@ -438,11 +477,11 @@ impl Job {
 enum Msg {
     /// A job that recorded its own steps.
     Done(usize, Result<Done, String>),
-    /// A create or update whose intent the loop recorded; the loop records the outcome too.
-    Called(usize, Apply, Result<Applied, Failure>),
+    /// A call whose intent the loop recorded; the loop records the outcome too.
+    Called(usize, Apply, Result<Option<Applied>, Failure>),
 }
 
-/// The intent of a create or update, and its event.
+/// The intent of a provider call, and its event.
 fn intent(job: &Apply) -> (Change, NewEvent) {
     match job {
         Apply::Create {
@@ -451,6 +490,7 @@ fn intent(job: &Apply) -> (Change, NewEvent) {
             spec,
             depends_on,
             metadata,
+            key,
         } => (
             Change::IntendCreate {
                 name: name.clone(),
@@ -458,6 +498,7 @@ fn intent(job: &Apply) -> (Change, NewEvent) {
                 spec: spec.clone(),
                 depends_on: depends_on.clone(),
                 metadata: metadata.clone(),
+                key: key.clone(),
             },
             NewEvent::new(
                 "resource.create_requested",
@@ -469,42 +510,56 @@ fn intent(job: &Apply) -> (Change, NewEvent) {
             spec,
             depends_on,
             metadata,
+            key,
         } => (
             Change::IntendUpdate {
                 name: current.name.clone(),
                 spec: spec.clone(),
                 depends_on: depends_on.clone(),
                 metadata: metadata.clone(),
+                key: key.clone(),
             },
             NewEvent::new(
                 "resource.update_requested",
                 json!({ "resource": current.name, "type": current.resource_type }),
             ),
         ),
+        Apply::Destroy { current, key } => (
+            Change::IntendDestroy {
+                name: current.name.clone(),
+                key: key.clone(),
+            },
+            NewEvent::new(
+                "resource.destroy_requested",
+                json!({ "resource": current.name, "type": current.resource_type }),
+            ),
+        ),
     }
 }
 
-/// The provider call of a create or update whose intent is recorded.
-async fn call(ctx: &RunContext, job: &Apply) -> Result<Applied, Failure> {
+/// The provider call of a job whose intent is recorded: what a create or update applied.
+async fn call(ctx: &RunContext, job: &Apply) -> Result<Option<Applied>, Failure> {
     let inst = &ctx.operation.instance_id;
+    let p = &ctx.provisioner;
     match job {
-        Apply::Create { name, ty, spec, .. } => {
-            ctx.provisioner
-                .apply(
-                    &new_target(inst, name, ty),
-                    state_values::to_pb(spec),
-                    &ctx.key(name, "create"),
-                )
-                .await
-        }
-        Apply::Update { current, spec, .. } => {
-            ctx.provisioner
-                .apply(
-                    &target(inst, current),
-                    state_values::to_pb(spec),
-                    &ctx.key(&current.name, "update"),
-                )
-                .await
+        Apply::Create {
+            name,
+            ty,
+            spec,
+            key,
+            ..
+        } => p
+            .apply(&new_target(inst, name, ty), state_values::to_pb(spec), key)
+            .await
+            .map(Some),
+        Apply::Update {
+            current, spec, key, ..
+        } => p
+            .apply(&target(inst, current), state_values::to_pb(spec), key)
+            .await
+            .map(Some),
+        Apply::Destroy { current, key } => {
+            p.destroy(&target(inst, current), key).await.map(|()| None)
         }
     }
 }
@@ -513,10 +568,65 @@ async fn call(ctx: &RunContext, job: &Apply) -> Result<Applied, Failure> {
 /// schedule.
 fn outcome(
     job: Apply,
-    r: Result<Applied, Failure>,
+    r: Result<Option<Applied>, Failure>,
 ) -> (Vec<Change>, NewEvent, Result<Done, String>) {
+    let failed = |name: &str, ty: &str, f: &Failure| {
+        NewEvent::new(
+            "resource.failed",
+            json!({ "resource": name, "type": ty, "reason": f.message }),
+        )
+    };
     match (job, r) {
-        (Apply::Create { name, ty, .. }, Ok(applied)) => (
+        // No answer: the intent stays, with its key, for reconcile (or the next deploy) to
+        // settle by asking the provider; the call is not taken as failed.
+        (job, Err(f)) if f.unknown => {
+            let (name, ty) = match &job {
+                Apply::Create { name, ty, .. } => (name.clone(), ty.clone()),
+                Apply::Update { current, .. } | Apply::Destroy { current, .. } => {
+                    (current.name.clone(), current.resource_type.clone())
+                }
+            };
+            let event = NewEvent::new(
+                "resource.unresolved",
+                json!({ "resource": name, "type": ty, "reason": f.message,
+                        "hint": "reconcile settles it (trellis reconcile)" }),
+            );
+            (vec![], event, Err(f.message))
+        }
+        (Apply::Destroy { current, .. }, Ok(_)) => (
+            vec![Change::ResourceRemoved {
+                name: current.name.clone(),
+            }],
+            NewEvent::new(
+                "resource.destroyed",
+                json!({ "resource": current.name, "type": current.resource_type }),
+            ),
+            Ok(Done::Deleted { before: current }),
+        ),
+        (Apply::Destroy { current, .. }, Err(f)) => (
+            vec![Change::ResourceFailed {
+                name: current.name.clone(),
+                reason: f.message.clone(),
+            }],
+            failed(&current.name, &current.resource_type, &f),
+            Err(f.message),
+        ),
+        (job, Ok(None)) => {
+            // A create or update always reports what it applied (`call`).
+            let name = match &job {
+                Apply::Create { name, .. } => name.clone(),
+                Apply::Update { current, .. } | Apply::Destroy { current, .. } => {
+                    current.name.clone()
+                }
+            };
+            outcome(
+                job,
+                Err(Failure::new(format!(
+                    "`{name}`: the provider reported nothing"
+                ))),
+            )
+        }
+        (Apply::Create { name, ty, .. }, Ok(Some(applied))) => (
             vec![Change::ResourceCreated {
                 name: name.clone(),
                 external_id: applied.external_id,
@@ -528,7 +638,7 @@ fn outcome(
                 state: applied.state,
             }),
         ),
-        (Apply::Update { current, .. }, Ok(applied)) => (
+        (Apply::Update { current, .. }, Ok(Some(applied))) => (
             vec![Change::ResourceUpdated {
                 name: current.name.clone(),
                 external_id: Some(applied.external_id),
@@ -550,6 +660,7 @@ fn outcome(
                 spec,
                 depends_on,
                 metadata,
+                key,
             },
             Err(f),
         ) => {
@@ -567,16 +678,14 @@ fn outcome(
                     spec,
                     depends_on,
                     metadata,
+                    key,
                 });
             }
             changes.push(Change::ResourceFailed {
                 name: name.clone(),
                 reason: f.message.clone(),
             });
-            let event = NewEvent::new(
-                "resource.failed",
-                json!({ "resource": name, "type": ty, "reason": f.message }),
-            );
+            let event = failed(&name, &ty, &f);
             (changes, event, Err(f.message))
         }
         (Apply::Update { current, .. }, Err(f)) => (
@@ -584,10 +693,7 @@ fn outcome(
                 name: current.name.clone(),
                 reason: f.message.clone(),
             }],
-            NewEvent::new(
-                "resource.failed",
-                json!({ "resource": current.name, "type": current.resource_type, "reason": f.message }),
-            ),
+            failed(&current.name, &current.resource_type, &f),
             Err(f.message),
         ),
     }
@@ -618,6 +724,18 @@ pub fn deploy(
             },
             completed,
         );
+    }
+    // Phase 0: what goes away (the old versions of recreated resources, and resources the
+    // blueprint dropped) before anything is created, dependents first. A new resource may
+    // take over what an old one held (an `each` element shifted onto its neighbour's file,
+    // a recreated resource onto its old name), so it must not be created while the old one
+    // can still be destroyed under it. Only a dropped resource that a resource being
+    // updated still depends on waits until that update is done (phase 2).
+    let (early, late) = removals(plan, &recorded);
+    let (outcome, mut removed) = destroy_all(ctx, &early, &before.links);
+    completed.append(&mut removed);
+    if let Outcome::Failed { .. } = outcome {
+        return (outcome, completed);
     }
     // Phase 1: everything that stays, dependencies first, then the new and changed links
     // once both their ends are deployed. A resource that reads the data of such a link
@@ -699,26 +817,29 @@ pub fn deploy(
         let spec = state_values::eval_to_stored(spec_value, masked);
         let metadata = super::plan::stored_metadata(prepared, idx);
         let depends_on = p.depends_on.clone();
-        let create = |spec, depends_on, metadata| Apply::Create {
-            name: p.name.clone(),
-            ty: p.resource_type.clone(),
-            spec,
-            depends_on,
-            metadata,
-        };
-        Ok(Some(match (p.action, recorded.get(p.name.as_str())) {
-            (Action::Update, Some(current)) => Job::Apply(Apply::Update {
-                current: (*current).clone(),
-                spec,
-                depends_on,
-                metadata,
-            }),
-            (Action::Recreate, Some(current)) => Job::Recreate {
-                current: (*current).clone(),
-                create: create(spec, depends_on, metadata),
+        // A recreated resource's old version went in phase 0: it is created like a new one.
+        Ok(Some(Job::Apply(
+            match (p.action, recorded.get(p.name.as_str())) {
+                (Action::Update, Some(current)) => Apply::Update {
+                    current: (*current).clone(),
+                    spec,
+                    depends_on,
+                    metadata,
+                    key: ctx.key(&p.name, "update"),
+                },
+                (_, current) => Apply::Create {
+                    name: p.name.clone(),
+                    ty: p.resource_type.clone(),
+                    spec,
+                    depends_on,
+                    metadata,
+                    // A create whose answer never came is asked again with its own key.
+                    key: current
+                        .and_then(|r| unfinished_key(r))
+                        .unwrap_or_else(|| ctx.key(&p.name, "create")),
+                },
             },
-            _ => Job::Apply(create(spec, depends_on, metadata)),
-        }))
+        )))
     };
     let failed = |error: String, completed: Vec<Done>| {
         let stopped = ctx.stop.is_cancelled();
@@ -745,6 +866,7 @@ pub fn deploy(
             let scheduled = schedule(
                 ctx,
                 &mut nodes,
+                DEPLOY,
                 |k| {
                     let fresh = fresh_cell.lock().unwrap_or_else(|e| e.into_inner());
                     start(prepared, &fresh, round[k])
@@ -755,10 +877,10 @@ pub fn deploy(
                         Done::Created { name, state } => {
                             fresh.insert(name.clone(), state.clone());
                         }
-                        Done::Updated { before, state } | Done::Recreated { before, state } => {
+                        Done::Updated { before, state } => {
                             fresh.insert(before.name.clone(), state.clone());
                         }
-                        Done::Deleted { .. } => {}
+                        Done::Deleted { .. } | Done::Settled { .. } => {}
                     }
                     completed.push(d.clone());
                 },
@@ -804,16 +926,55 @@ pub fn deploy(
             }
         }
     }
-    // Phase 2: what the blueprint dropped, dependents first.
-    let deletes: Vec<&Resource> = plan
-        .resources
-        .iter()
-        .filter(|r| r.action == Action::Delete)
-        .filter_map(|r| recorded.get(r.name.as_str()).copied())
-        .collect();
-    let (outcome, mut removed) = destroy_all(ctx, &deletes);
+    // Phase 2: what the blueprint dropped that an updated resource depended on, now that the
+    // update is done; dependents first.
+    let (outcome, mut removed) = destroy_all(ctx, &late, &before.links);
     completed.append(&mut removed);
     (outcome, completed)
+}
+
+/// What a deploy destroys: before anything is created (the old versions of recreated
+/// resources, dropped resources), and after the updates (dropped resources that a resource
+/// being updated depends on in state, and what they depend on in turn).
+fn removals<'a>(
+    plan: &Plan,
+    recorded: &HashMap<&str, &'a Resource>,
+) -> (Vec<&'a Resource>, Vec<&'a Resource>) {
+    let action: HashMap<&str, Action> = plan
+        .resources
+        .iter()
+        .map(|r| (r.name.as_str(), r.action))
+        .collect();
+    let gone = |a: Option<&Action>| matches!(a, Some(Action::Delete | Action::Recreate));
+    // Dropped resources held by an update, to a fixed point through dropped resources.
+    let mut late: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut frontier: Vec<&str> = plan
+        .resources
+        .iter()
+        .filter(|r| r.action == Action::Update)
+        .filter_map(|r| recorded.get(r.name.as_str()))
+        .flat_map(|r| r.depends_on.iter().map(String::as_str))
+        .collect();
+    while let Some(name) = frontier.pop() {
+        if action.get(name) == Some(&Action::Delete) && late.insert(name) {
+            if let Some(r) = recorded.get(name) {
+                frontier.extend(r.depends_on.iter().map(String::as_str));
+            }
+        }
+    }
+    let mut early = Vec::new();
+    let mut after = Vec::new();
+    for r in &plan.resources {
+        let Some(current) = recorded.get(r.name.as_str()).copied() else {
+            continue;
+        };
+        if late.contains(r.name.as_str()) {
+            after.push(current);
+        } else if gone(Some(&r.action)) {
+            early.push(current);
+        }
+    }
+    (early, after)
 }
 
 /// For each resource of `applies`: the links of `links` being created or changed whose data
@@ -907,12 +1068,30 @@ fn waits_on_itself(
 }
 
 /// Destroys `resources` (in parallel where no dependency orders them), each after everything
-/// that depends on it.
-pub fn destroy_all(ctx: &Arc<RunContext>, resources: &[&Resource]) -> (Outcome, Vec<Done>) {
+/// that depends on it. `links` are the instance's links as recorded: a resource with none is
+/// destroyed in the scheduler's batches, one with some removes them first.
+pub fn destroy_all(
+    ctx: &Arc<RunContext>,
+    resources: &[&Resource],
+    links: &[crate::state::Link],
+) -> (Outcome, Vec<Done>) {
+    destroy_in_order(ctx, resources, links, DEPLOY)
+}
+
+fn destroy_in_order(
+    ctx: &Arc<RunContext>,
+    resources: &[&Resource],
+    links: &[crate::state::Link],
+    policy: Policy,
+) -> (Outcome, Vec<Done>) {
     let index: HashMap<&str, usize> = resources
         .iter()
         .enumerate()
         .map(|(i, r)| (r.name.as_str(), i))
+        .collect();
+    let linked: std::collections::HashSet<&str> = links
+        .iter()
+        .flat_map(|l| [l.resource_a.as_str(), l.resource_b.as_str()])
         .collect();
     // A resource waits for the destruction of every resource that depends on it.
     let mut nodes: Vec<Node> = resources
@@ -925,113 +1104,194 @@ pub fn destroy_all(ctx: &Arc<RunContext>, resources: &[&Resource]) -> (Outcome, 
         .collect();
     for (i, r) in resources.iter().enumerate() {
         for d in &r.depends_on {
-            if let Some(&j) = index.get(d.as_str()) {
+            if let Some(&j) = index.get(d.as_str())
+                && j != i
+            {
                 nodes[j].deps.push(i);
             }
         }
     }
     let mut completed = Vec::new();
     let start = |i: usize| -> Result<Option<Job>, String> {
-        Ok(Some(Job::Delete {
-            current: resources[i].clone(),
+        let current = resources[i].clone();
+        let key = ctx.key(&current.name, "destroy");
+        Ok(Some(if linked.contains(current.name.as_str()) {
+            Job::Unlink { current, key }
+        } else {
+            Job::Apply(Apply::Destroy { current, key })
         }))
     };
     let finish = |_: usize, d: &Done| completed.push(d.clone());
-    match schedule(ctx, &mut nodes, start, finish) {
+    match schedule(ctx, &mut nodes, policy, start, finish) {
         Ok(()) => (Outcome::Succeeded, completed),
         Err((error, stopped)) => (Outcome::Failed { error, stopped }, completed),
     }
 }
 
-/// Undoes `done` in reverse: deletes what was created, re-applies the previous spec of what
-/// was updated or recreated, creates again what was deleted; then removes what failed half-way
-/// and was not there `before` (a failed create's record, or what a partial create left).
-/// Returns the first error.
+/// Puts the instance back as it was `before` a deploy that did `done`, in parallel where no
+/// dependency orders the steps, whether or not the operation was asked to stop:
+/// 1. what the deploy created, and what a failed create left behind, is destroyed, dependents
+///    first (a failed create that left nothing is forgotten);
+/// 2. what it updated, recreated or deleted, and what it failed to update, is put back to its
+///    recorded spec, dependencies first: updated back, or created again.
+///
+/// The state is read once, when the rollback starts. Returns the first error.
 pub fn rollback(
     ctx: &Arc<RunContext>,
     done: &[Done],
     before: &InstanceState,
 ) -> Result<(), String> {
-    let inst = ctx.operation.instance_id.clone();
-    let mut first_error = None;
-    for d in done.iter().rev() {
-        let result = ctx.rt.block_on(async {
-            match d {
-                Done::Created { name, .. } => {
-                    let state = ctx
-                        .store
-                        .load_state(&inst)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    match state.resource(name) {
-                        Some(r) => destroy(ctx, &inst, r).await,
-                        None => Ok(()),
-                    }
-                }
-                Done::Updated { before, .. } => {
-                    let state = ctx
-                        .store
-                        .load_state(&inst)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let Some(now) = state.resource(&before.name) else {
-                        return Ok(());
-                    };
-                    run_job(ctx.clone(), update_to(now, before)).await.map(drop)
-                }
-                Done::Recreated { before, .. } => {
-                    let state = ctx
-                        .store
-                        .load_state(&inst)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if let Some(now) = state.resource(&before.name) {
-                        destroy(ctx, &inst, now).await?;
-                    }
-                    create(ctx, before).await.map(drop)
-                }
-                Done::Deleted { before } => create(ctx, before).await.map(drop),
-            }
-        });
-        if let Err(e) = result
+    use crate::state::ResourceStatus as S;
+    let inst = &ctx.operation.instance_id;
+    let load = || {
+        ctx.rt
+            .block_on(ctx.store.load_state(inst))
+            .map_err(|e| format!("state store: {e}"))
+    };
+    let mut now = load()?;
+    let mut first_error: Option<String> = None;
+    let mut note = |r: Result<(), String>| {
+        if let Err(e) = r
             && first_error.is_none()
         {
             first_error = Some(e);
         }
-    }
-    let leftovers = ctx.rt.block_on(async {
-        let state = ctx
-            .store
-            .load_state(&inst)
-            .await
-            .map_err(|e| e.to_string())?;
-        for r in state
-            .resources
+    };
+    // 0. Creates that never answered: the provider is asked whether they happened, so what
+    // they made is destroyed below rather than forgotten.
+    let unanswered: Vec<&Resource> = now
+        .resources
+        .iter()
+        .filter(|r| r.status == S::CreateRequested && before.resource(&r.name).is_none())
+        .collect();
+    if !unanswered.is_empty() {
+        let checker = Arc::new(
+            ctx.rt
+                .block_on(super::drift::Checker::load(ctx.provisioner.as_ref(), &now)),
+        );
+        let mut nodes: Vec<Node> = unanswered
             .iter()
-            .filter(|r| before.resource(&r.name).is_none())
-        {
-            if r.status == crate::state::ResourceStatus::CreateFailed {
-                ctx.commit(
-                    vec![Change::ResourceRemoved {
-                        name: r.name.clone(),
-                    }],
-                    vec![NewEvent::new(
-                        "resource.forgotten",
-                        json!({ "resource": r.name, "reason": "its create failed; rolled back" }),
-                    )],
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            } else {
-                destroy(ctx, &inst, r).await?;
-            }
+            .map(|_| Node {
+                deps: Vec::new(),
+                dependents: Vec::new(),
+                waiting: 0,
+            })
+            .collect();
+        let start = |i: usize| -> Result<Option<Job>, String> {
+            Ok(Some(Job::Settle {
+                resource: unanswered[i].clone(),
+                accept: true,
+                checker: checker.clone(),
+            }))
+        };
+        if let Err((error, _)) = schedule(ctx, &mut nodes, ROLLBACK, start, |_, _| {}) {
+            note(Err(error));
         }
-        Ok::<(), String>(())
-    });
-    if let Err(e) = leftovers
-        && first_error.is_none()
+        now = load()?;
+    }
+    // 1. Destroy what was not there before; forget failed creates that left nothing.
+    let mut forget = Vec::new();
+    let mut doomed = Vec::new();
+    for r in now
+        .resources
+        .iter()
+        .filter(|r| before.resource(&r.name).is_none())
     {
-        first_error = Some(e);
+        if r.status == S::CreateFailed {
+            forget.push(r.name.clone());
+        } else {
+            doomed.push(r);
+        }
+    }
+    if !forget.is_empty() {
+        let events = forget
+            .iter()
+            .map(|name| {
+                NewEvent::new(
+                    "resource.forgotten",
+                    json!({ "resource": name, "reason": "its create failed; rolled back" }),
+                )
+            })
+            .collect();
+        let changes = forget
+            .into_iter()
+            .map(|name| Change::ResourceRemoved { name })
+            .collect();
+        note(
+            ctx.commit_blocking(changes, events)
+                .map(drop)
+                .map_err(|e| format!("state store: {e}")),
+        );
+    }
+    let (outcome, _) = destroy_in_order(ctx, &doomed, &now.links, ROLLBACK);
+    if let Outcome::Failed { error, .. } = outcome {
+        note(Err(error));
+    }
+    // 2. Put back what was there before and changed: touched by the deploy (`done`), or left
+    // failed or half-done by it.
+    let touched: std::collections::HashSet<&str> = done
+        .iter()
+        .map(|d| match d {
+            Done::Created { name, .. } => name.as_str(),
+            Done::Updated { before, .. } | Done::Deleted { before } => before.name.as_str(),
+            Done::Settled { name } => name.as_str(),
+        })
+        .collect();
+    let restore: Vec<(&Resource, Option<&Resource>)> = before
+        .resources
+        .iter()
+        .filter_map(|was| {
+            let current = now.resource(&was.name);
+            let changed = match current.map(|c| c.status) {
+                None => true,
+                // A destroy that failed leaves the resource as the provider left it: the
+                // record says so, and reconcile settles it.
+                Some(S::DestroyFailed | S::DestroyRequested) => false,
+                Some(status) => {
+                    touched.contains(was.name.as_str())
+                        || status != was.status
+                            && matches!(
+                                status,
+                                S::UpdateFailed
+                                    | S::UpdateRequested
+                                    | S::CreateFailed
+                                    | S::CreateRequested
+                            )
+                }
+            };
+            changed.then_some((was, current))
+        })
+        .collect();
+    let index: HashMap<&str, usize> = restore
+        .iter()
+        .enumerate()
+        .map(|(i, (r, _))| (r.name.as_str(), i))
+        .collect();
+    let mut nodes: Vec<Node> = restore
+        .iter()
+        .map(|(r, _)| Node {
+            deps: r
+                .depends_on
+                .iter()
+                .filter_map(|d| index.get(d.as_str()).copied())
+                .collect(),
+            dependents: Vec::new(),
+            waiting: 0,
+        })
+        .collect();
+    let start = |i: usize| -> Result<Option<Job>, String> {
+        let (was, current) = restore[i];
+        Ok(Some(Job::Apply(match current {
+            // A record of a create that failed or never finished: created as it was.
+            Some(c) if matches!(c.status, S::CreateRequested | S::CreateFailed) => {
+                create_job(was, ctx.key(&was.name, "rollback-create"))
+            }
+            Some(c) => update_to(c, was, ctx.key(&was.name, "rollback-update")),
+            None => create_job(was, ctx.key(&was.name, "rollback-create")),
+        })))
+    };
+    if let Err((error, _)) = schedule(ctx, &mut nodes, ROLLBACK, start, |_, _| {}) {
+        note(Err(error));
     }
     match first_error {
         None => Ok(()),
@@ -1079,10 +1339,11 @@ pub fn target_of(instance_id: &str, r: &Resource) -> Target {
 /// Settles one resource: a provider call left unfinished (after a crash) is made again with
 /// the recorded spec; a drifted or missing resource is accepted as found (`accept`) or put back
 /// to its recorded spec.
-pub async fn reconcile_one(
+async fn reconcile_one(
     ctx: &Arc<RunContext>,
     r: &Resource,
     accept: bool,
+    checker: &super::drift::Checker,
 ) -> Result<(), String> {
     use crate::state::ResourceStatus as S;
     let inst = ctx.operation.instance_id.clone();
@@ -1090,12 +1351,18 @@ pub async fn reconcile_one(
     let recreate = |ctx: &Arc<RunContext>| {
         let r = r.clone();
         let ctx = ctx.clone();
-        async move { create(&ctx, &r).await.map(drop) }
+        async move {
+            // A create whose answer never came is asked again with the key it was sent with,
+            // so the provider's idempotency finds it instead of creating a second one.
+            let key = unfinished_key(&r).unwrap_or_else(|| ctx.key(&r.name, "create"));
+            create(&ctx, &r, key).await.map(drop)
+        }
     };
     match r.status {
-        // Accept: the create may or may not have happened, so ask the provider and record what
-        // exists (as planned, unless it reports another spec), or forget what does not.
-        S::CreateRequested if accept => {
+        // Accept: the create may or may not have happened (no answer came, or the provider
+        // failed after acting), so ask the provider and record what exists (as planned,
+        // unless it reports another spec), or forget what does not.
+        S::CreateRequested | S::CreateFailed if accept => {
             // No id was recorded (the answer never came): the provider is asked by the
             // resource's name and spec, as its idempotent create would find it.
             let asked = Target {
@@ -1103,18 +1370,20 @@ pub async fn reconcile_one(
                 ..target(&inst, r)
             };
             let observed = ctx.provisioner.read(&asked).await.map_err(|f| f.message)?;
+            let unsettled = r.status == S::CreateRequested;
             let (changes, event) = match observed {
                 // The intent settles as a failed create, which is then forgotten.
                 super::provision::Observed::Missing => (
-                    vec![
-                        Change::ResourceFailed {
+                    unsettled
+                        .then(|| Change::ResourceFailed {
                             name: r.name.clone(),
                             reason: "its create did not happen".into(),
-                        },
-                        Change::ResourceRemoved {
+                        })
+                        .into_iter()
+                        .chain([Change::ResourceRemoved {
                             name: r.name.clone(),
-                        },
-                    ],
+                        }])
+                        .collect(),
                     NewEvent::new(
                         "resource.forgotten",
                         json!({ "resource": r.name, "reason": "its create did not happen" }),
@@ -1125,12 +1394,25 @@ pub async fn reconcile_one(
                     state,
                     external_id,
                 } => {
-                    let drifted = drifted(ctx, r, &spec).await?;
-                    let mut changes = vec![Change::ResourceCreated {
+                    let drifted = !checker.fields(r, &spec).is_empty();
+                    let mut changes = Vec::new();
+                    if !unsettled {
+                        // A failed create that left something: its intent again, already
+                        // answered (recorded only).
+                        changes.push(Change::IntendCreate {
+                            name: r.name.clone(),
+                            resource_type: r.resource_type.clone(),
+                            spec: r.spec.clone(),
+                            depends_on: r.depends_on.clone(),
+                            metadata: r.metadata.clone(),
+                            key: String::new(),
+                        });
+                    }
+                    changes.push(Change::ResourceCreated {
                         name: r.name.clone(),
                         external_id,
                         state: state.clone(),
-                    }];
+                    });
                     if drifted {
                         changes.extend(record_as_found(r, spec, state));
                     }
@@ -1149,24 +1431,11 @@ pub async fn reconcile_one(
                 .map_err(fail)
         }
         // Reapply: the provider's idempotent apply settles an unfinished create.
-        S::CreateRequested | S::CreateFailed => {
-            if accept && r.status == S::CreateFailed {
-                ctx.commit(
-                    vec![Change::ResourceRemoved {
-                        name: r.name.clone(),
-                    }],
-                    vec![NewEvent::new(
-                        "resource.forgotten",
-                        json!({ "resource": r.name, "reason": "its create failed" }),
-                    )],
-                )
-                .await
-                .map_err(fail)?;
-                return Ok(());
-            }
-            recreate(ctx).await
+        S::CreateRequested | S::CreateFailed => recreate(ctx).await,
+        S::DestroyRequested | S::DestroyFailed => {
+            let key = unfinished_key(r).unwrap_or_else(|| ctx.key(&r.name, "destroy"));
+            destroy(ctx, r, &key).await
         }
-        S::DestroyRequested | S::DestroyFailed => destroy(ctx, &inst, r).await,
         S::UpdateRequested | S::UpdateFailed | S::Created | S::Updated => {
             let observed = ctx
                 .provisioner
@@ -1179,6 +1448,7 @@ pub async fn reconcile_one(
                         vec![
                             Change::IntendDestroy {
                                 name: r.name.clone(),
+                                key: String::new(),
                             },
                             Change::ResourceRemoved {
                                 name: r.name.clone(),
@@ -1197,6 +1467,7 @@ pub async fn reconcile_one(
                         vec![
                             Change::IntendDestroy {
                                 name: r.name.clone(),
+                                key: String::new(),
                             },
                             Change::ResourceRemoved {
                                 name: r.name.clone(),
@@ -1209,7 +1480,7 @@ pub async fn reconcile_one(
                     recreate(ctx).await
                 }
                 super::provision::Observed::Exists { spec, state, .. } => {
-                    let drifted = drifted(ctx, r, &spec).await?;
+                    let drifted = !checker.fields(r, &spec).is_empty();
                     let unsettled = matches!(r.status, S::UpdateRequested | S::UpdateFailed);
                     if !drifted && !unsettled {
                         return Ok(());
@@ -1236,7 +1507,8 @@ pub async fn reconcile_one(
                         .map(drop)
                         .map_err(fail)
                     } else {
-                        let job = update_to(r, r);
+                        let key = unfinished_key(r).unwrap_or_else(|| ctx.key(&r.name, "update"));
+                        let job = update_to(r, r, key);
                         if r.status == S::UpdateRequested {
                             ctx.commit(
                                 vec![Change::ResourceFailed {
@@ -1248,7 +1520,7 @@ pub async fn reconcile_one(
                             .await
                             .map_err(fail)?;
                         }
-                        run_job(ctx.clone(), job).await.map(drop)
+                        apply_one(ctx, job).await.map(drop)
                     }
                 }
             }
@@ -1256,16 +1528,73 @@ pub async fn reconcile_one(
     }
 }
 
-/// Whether the spec a provider reports for `r` is drift from its recorded one (link-owned
-/// fields and fields the blueprint does not set left out).
-async fn drifted(ctx: &RunContext, r: &Resource, observed: &Json) -> Result<bool, String> {
-    let state = ctx
-        .store
-        .load_state(&ctx.operation.instance_id)
-        .await
-        .map_err(|e| format!("state store: {e}"))?;
-    let checker = super::drift::Checker::load(ctx.provisioner.as_ref(), &state).await;
-    Ok(!checker.fields(r, observed).is_empty())
+/// Reconciles the resources of `state` named in `only` (all when empty), up to
+/// `--max-parallel` at once: unfinished destroys first (dependents first), then everything
+/// else (dependencies first). Returns the errors, each naming its resource.
+pub fn reconcile_all(
+    ctx: &Arc<RunContext>,
+    state: &InstanceState,
+    accept: bool,
+    only: &[String],
+) -> Vec<String> {
+    use crate::state::ResourceStatus as S;
+    // Drift leaves out the fields links own and the fields the blueprint does not set.
+    let checker = Arc::new(
+        ctx.rt
+            .block_on(super::drift::Checker::load(ctx.provisioner.as_ref(), state)),
+    );
+    let chosen: Vec<&Resource> = state
+        .resources
+        .iter()
+        .filter(|r| only.is_empty() || only.contains(&r.name))
+        .collect();
+    let destroying = |r: &&Resource| matches!(r.status, S::DestroyRequested | S::DestroyFailed);
+    let (destroys, rest): (Vec<&Resource>, Vec<&Resource>) =
+        chosen.into_iter().partition(destroying);
+    let mut errors = Vec::new();
+    for (group, reverse) in [(destroys, true), (rest, false)] {
+        let index: HashMap<&str, usize> = group
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.name.as_str(), i))
+            .collect();
+        let mut nodes: Vec<Node> = group
+            .iter()
+            .map(|_| Node {
+                deps: Vec::new(),
+                dependents: Vec::new(),
+                waiting: 0,
+            })
+            .collect();
+        for (i, r) in group.iter().enumerate() {
+            for d in &r.depends_on {
+                if let Some(&j) = index.get(d.as_str())
+                    && j != i
+                {
+                    if reverse {
+                        nodes[j].deps.push(i);
+                    } else {
+                        nodes[i].deps.push(j);
+                    }
+                }
+            }
+        }
+        let start = |i: usize| -> Result<Option<Job>, String> {
+            Ok(Some(Job::Settle {
+                resource: group[i].clone(),
+                accept,
+                checker: checker.clone(),
+            }))
+        };
+        // Each error names its resource.
+        if let Err((error, stopped)) = schedule(ctx, &mut nodes, RECONCILE, start, |_, _| {}) {
+            errors.push(error);
+            if stopped {
+                break;
+            }
+        }
+    }
+    errors
 }
 
 /// The changes that record a resource as its provider reports it (reconcile accept): an
@@ -1277,6 +1606,8 @@ fn record_as_found(r: &Resource, spec: Json, state: Json) -> [Change; 2] {
             spec,
             depends_on: r.depends_on.clone(),
             metadata: r.metadata.clone(),
+            // Only recorded: no call was made.
+            key: String::new(),
         },
         Change::ResourceUpdated {
             name: r.name.clone(),

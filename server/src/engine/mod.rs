@@ -14,6 +14,7 @@ pub mod diff;
 pub mod drift;
 pub mod exec;
 pub mod links;
+mod paths;
 pub mod plan;
 pub mod prepare;
 pub mod provision;
@@ -21,7 +22,9 @@ pub mod remote;
 pub mod state_values;
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+
+use dashmap::DashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,6 +101,9 @@ pub struct EngineConfig {
     pub max_parallel: usize,
     pub lease_ttl: Duration,
     pub max_input_size: usize,
+    /// Bounds on what evaluating one request's blueprint may build (value sizes, resources
+    /// after `each`, total bytes).
+    pub eval_limits: crate::eval::limits::Limits,
     /// Roots under which requests may name blueprint files on the engine host.
     pub allowed_roots: Vec<PathBuf>,
     /// Where `https://` includes may be fetched from (allow-listed hosts, size limit, trust).
@@ -112,6 +118,12 @@ pub enum EngineError {
     NotFound(String),
     /// Bad input; for an invalid blueprint the message holds the rendered diagnostics.
     InvalidArgument(String),
+    /// An invalid blueprint: `message` holds the rendered diagnostics (what `Display` shows),
+    /// `diagnostics` each one in the JSON shape of `trellis validate --format json`.
+    InvalidBlueprint {
+        message: String,
+        diagnostics: Vec<Json>,
+    },
     /// Stale or executed change set, or an instance in the wrong state.
     FailedPrecondition(String),
     /// Another operation holds the instance.
@@ -129,6 +141,7 @@ impl std::fmt::Display for EngineError {
         let m = match self {
             EngineError::NotFound(m)
             | EngineError::InvalidArgument(m)
+            | EngineError::InvalidBlueprint { message: m, .. }
             | EngineError::FailedPrecondition(m)
             | EngineError::Aborted(m)
             | EngineError::AlreadyExists(m)
@@ -189,7 +202,10 @@ pub struct Engine {
     host: Arc<PluginHost>,
     provisioner: Arc<dyn Provisioner>,
     config: EngineConfig,
-    running: Mutex<HashMap<String, Running>>,
+    running: DashMap<String, Running>,
+    /// Operations whose end the store refused to record (a full disk): how they ended, shown
+    /// by reads until a retry records it (see [`Engine::record_end`]).
+    unrecorded: DashMap<String, Operation>,
     /// Wakes drain when an operation ends.
     finished: tokio::sync::Notify,
     /// The evaluated blueprint of the change set this engine planned last, so executing it
@@ -250,97 +266,6 @@ fn digest<T: AsRef<[u8]>>(parts: &[T]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The blueprint file a request names by `path` (relative to `cwd`), resolved through symlinks,
-/// when it lies under one of `roots` (canonical directories). Every other path gets the same
-/// `PermissionDenied` whether it exists or not, so clients cannot probe the engine host: a path
-/// that does not exist is resolved through its longest existing prefix (a symlink there may
-/// point anywhere) and checked like the rest. Only inside a root may an answer say a file is
-/// missing.
-fn allowed_path(path: &Path, cwd: &Path, roots: &[PathBuf]) -> Result<PathBuf> {
-    let denied = || {
-        EngineError::PermissionDenied(format!(
-            "{} is not under a root the engine allows (--allow-path); send the blueprint inline",
-            path.display()
-        ))
-    };
-    if roots.is_empty() {
-        return Err(denied());
-    }
-    // `join` keeps an absolute `path` as it is.
-    match resolve_existing(&cwd.join(path)) {
-        Some(resolved) if roots.iter().any(|root| resolved.starts_with(root)) => Ok(resolved),
-        _ => Err(denied()),
-    }
-}
-
-/// Longer paths are refused before they are resolved (the kernel's own `PATH_MAX`): resolving
-/// walks the path's prefixes, which must stay cheap whatever a request holds.
-const MAX_PATH_BYTES: usize = 4096;
-
-/// An absolute `path` resolved through symlinks as far as it exists, the rest appended as it is
-/// (directories that do not exist hold no symlinks). `None` when the part that does not
-/// exist climbs with `..` (the kernel cannot leave a missing directory, and doing it on paper
-/// could step from there onto a symlink that leads out of a root), or when the path is longer
-/// than [`MAX_PATH_BYTES`].
-pub(super) fn resolve_existing(path: &Path) -> Option<PathBuf> {
-    if path.as_os_str().len() > MAX_PATH_BYTES {
-        return None;
-    }
-    let parts: Vec<Component<'_>> = path.components().collect();
-    for i in (1..=parts.len()).rev() {
-        let prefix: PathBuf = parts[..i].iter().collect();
-        if let Ok(real) = prefix.canonicalize() {
-            let rest = &parts[i..];
-            if rest.contains(&Component::ParentDir) {
-                return None;
-            }
-            // `components()` has dropped every `.` inside an absolute path already. Pushed one
-            // by one: joining an empty rest would add a trailing `/` to a file's path.
-            let mut resolved = real;
-            resolved.extend(rest);
-            return Some(resolved);
-        }
-    }
-    None
-}
-
-/// The bytes of a path source (`resolved`; `shown` as the request named it), refused before
-/// reading when it is larger than `max` (`--max-input-size`) or not a regular file.
-pub(super) fn read_path_source(shown: &Path, resolved: &Path, max: usize) -> Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let invalid = |why: String| EngineError::InvalidArgument(format!("{}: {why}", shown.display()));
-    let too_large = |size: u64| {
-        invalid(format!(
-            "the file is {size} bytes, more than the engine's limit of {max} bytes \
-             (--max-input-size, TRELLIS_MAX_INPUT_SIZE)"
-        ))
-    };
-    // Non-blocking, so that opening a FIFO returns at once (and is refused below) instead of
-    // waiting for a writer.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(resolved)
-        .map_err(|e| invalid(e.to_string()))?;
-    let meta = file.metadata().map_err(|e| invalid(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(invalid("not a regular file".into()));
-    }
-    if meta.len() > max as u64 {
-        return Err(too_large(meta.len()));
-    }
-    let mut content = Vec::with_capacity(meta.len() as usize);
-    // At most one byte past the limit: a file that grew since the check is refused too.
-    file.take(max as u64 + 1)
-        .read_to_end(&mut content)
-        .map_err(|e| invalid(e.to_string()))?;
-    if content.len() > max {
-        return Err(too_large(content.len() as u64));
-    }
-    Ok(content)
-}
-
 impl Engine {
     pub fn new(
         store: Arc<dyn StateStore>,
@@ -354,7 +279,8 @@ impl Engine {
             host,
             provisioner,
             config,
-            running: Mutex::new(HashMap::new()),
+            running: DashMap::new(),
+            unrecorded: DashMap::new(),
             finished: tokio::sync::Notify::new(),
             last_planned: Mutex::new(None),
             draining: AtomicBool::new(false),
@@ -400,8 +326,12 @@ impl Engine {
                 Ok(files)
             }
             Source::Path(path) => {
-                let resolved = allowed_path(&path, &self.config.cwd, &self.config.allowed_roots)?;
-                let content = read_path_source(&path, &resolved, self.config.max_input_size)?;
+                let (resolved, content) = paths::read_source(
+                    &path,
+                    &self.config.cwd,
+                    &self.config.allowed_roots,
+                    self.config.max_input_size,
+                )?;
                 Ok(vec![(resolved.display().to_string(), content)])
             }
         }
@@ -527,22 +457,19 @@ impl Engine {
         };
         // The version of the very snapshot the plan reads: execution requires it unchanged.
         let planned_version = current.instance.version;
-        let max = self.config.max_input_size;
+        let max = self.config.request_limits();
         let cwd = self.config.cwd.display().to_string();
         let planned_inputs = inputs.clone();
         let name = instance.to_owned();
         let planned = self
             .with_plugins(move |engine, plugins| {
-                let failed = |error: String| Planned {
+                let failed = |error: PlanFailure| Planned {
                     error: Some(error),
                     ..Planned::default()
                 };
                 let mut prepared = prepare::prepare(&planned_inputs, max, plugins, &cwd);
                 if prepared.diags.has_errors() {
-                    return failed(format!(
-                        "the blueprint has errors:\n{}",
-                        prepared.errors_text()
-                    ));
+                    return failed(PlanFailure::invalid("", &prepared));
                 }
                 prepared.read_links(&current);
                 // The children are planned first, each against its own instance: the exports
@@ -560,10 +487,7 @@ impl Engine {
                 };
                 let mut plan = plan::plan(&mut prepared, &current, &plugins.manifests, plugins);
                 if prepared.diags.has_errors() {
-                    return failed(format!(
-                        "the blueprint has errors:\n{}",
-                        prepared.errors_text()
-                    ));
+                    return failed(PlanFailure::invalid("", &prepared));
                 }
                 plan.children = children.children;
                 Planned {
@@ -576,8 +500,8 @@ impl Engine {
                 }
             })
             .await?;
-        if let Some(errors) = planned.error {
-            return Err(EngineError::InvalidArgument(errors));
+        if let Some(failure) = planned.error {
+            return Err(failure.into());
         }
         let Planned {
             plan,
@@ -649,7 +573,7 @@ impl Engine {
         inputs: &Inputs,
         current: &InstanceState,
         plugins: &PluginContext<'_>,
-    ) -> std::result::Result<PlannedChildren, String> {
+    ) -> std::result::Result<PlannedChildren, PlanFailure> {
         let mut out = PlannedChildren::default();
         if prepared.blueprint.include.is_empty() && current.children.is_empty() {
             return Ok(out);
@@ -682,7 +606,8 @@ impl Engine {
                     "include `{name}`: includes nest deeper than {} levels ({})",
                     children::MAX_DEPTH,
                     chain.join(" -> ")
-                ));
+                )
+                .into());
             }
             let (file, content) = children::resolve(
                 &parent_file,
@@ -713,7 +638,8 @@ impl Engine {
                 return Err(format!(
                     "include `{name}`: an include cycle: {} -> {key}",
                     chain.join(" -> ")
-                ));
+                )
+                .into());
             }
             let declared = plan::child_variables(&file, &content, self.config.max_input_size)
                 .unwrap_or_default();
@@ -721,10 +647,7 @@ impl Engine {
                 plan::undeclared_child_variable(&prepared.blueprint.include[i], &file, &declared)
             {
                 prepared.diags.push(d);
-                return Err(format!(
-                    "the blueprint has errors:\n{}",
-                    prepared.errors_text()
-                ));
+                return Err(PlanFailure::invalid("", prepared));
             }
             let child = ChildInputs {
                 name: &name,
@@ -741,7 +664,11 @@ impl Engine {
             let planned = self.plan_child(child, &files, &state, plugins, &mut out.files)?;
             files.extend(out.files[found..].iter().cloned());
             if planned.deferred.is_empty() {
-                prepared.set_child_exports(&name, planned.known_exports());
+                prepared.set_child_exports(
+                    &name,
+                    planned.known_exports(),
+                    planned.secret_exports(),
+                );
             }
             out.children.push(planned);
         }
@@ -778,7 +705,7 @@ impl Engine {
         state: &InstanceState,
         plugins: &PluginContext<'_>,
         read: &mut Vec<(String, Vec<u8>)>,
-    ) -> std::result::Result<plan::ChildPlan, String> {
+    ) -> std::result::Result<plan::ChildPlan, PlanFailure> {
         let ChildInputs {
             name,
             instance,
@@ -790,7 +717,7 @@ impl Engine {
             chain,
             now,
         } = child;
-        let max = self.config.max_input_size;
+        let max = self.config.request_limits();
         variables.extend(plan::placeholder_variables(&declared, &unknown));
         let key = children::normalize(&file);
         let mut child_files = vec![(file, content)];
@@ -825,9 +752,9 @@ impl Engine {
             if !unknown.is_empty() {
                 return Ok(deferred_child(name, state, unknown.clone(), unknown_note()));
             }
-            return Err(format!(
-                "child `{instance}`: the blueprint has errors:\n{}",
-                prepared.errors_text()
+            return Err(PlanFailure::invalid(
+                &format!("child `{instance}`: "),
+                &prepared,
             ));
         }
         plan::forget_variables(&mut prepared, &unknown, plugins);
@@ -839,9 +766,9 @@ impl Engine {
             if !unknown.is_empty() {
                 return Ok(deferred_child(name, state, unknown.clone(), unknown_note()));
             }
-            return Err(format!(
-                "child `{instance}`: the blueprint has errors:\n{}",
-                prepared.errors_text()
+            return Err(PlanFailure::invalid(
+                &format!("child `{instance}`: "),
+                &prepared,
             ));
         }
         planned.children = nested.children;
@@ -1251,13 +1178,11 @@ impl Engine {
     /// Asks a running operation to stop at its next safe point. Idempotent, so it records no
     /// request id: asking again asks again, and the answer is the operation as it is now.
     pub async fn cancel(&self, operation_id: &str) -> Result<Operation> {
+        if let Some(ended) = self.unrecorded.get(operation_id) {
+            return Ok(ended.clone());
+        }
         let op = self.store.get_operation(operation_id).await?;
-        if let Some(r) = self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(operation_id)
-        {
+        if let Some(r) = self.running.get(operation_id) {
             r.cancel_requested.store(true, Ordering::SeqCst);
             r.stop.cancel();
         }
@@ -1273,16 +1198,13 @@ impl Engine {
     ) {
         let stop = CancellationToken::new();
         let cancel_requested = Arc::new(AtomicBool::new(false));
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                op.id.clone(),
-                Running {
-                    stop: stop.clone(),
-                    cancel_requested: cancel_requested.clone(),
-                },
-            );
+        self.running.insert(
+            op.id.clone(),
+            Running {
+                stop: stop.clone(),
+                cancel_requested: cancel_requested.clone(),
+            },
+        );
         let lease = Arc::new(Mutex::new(lease));
         let heartbeat_done = CancellationToken::new();
         let ctx = Arc::new(RunContext {
@@ -1320,32 +1242,82 @@ impl Engine {
                 && !cancel_requested.load(Ordering::SeqCst);
             if !drained {
                 let cancelled = cancel_requested.load(Ordering::SeqCst);
-                // The end is recorded with the lease given up; only if that fails is the
-                // lease released on its own.
-                if let Err(e) = this.finish(&ctx, finish, cancelled).await {
-                    tracing::error!(operation = %op.id, error = %e, "could not record the end of the operation");
-                    let current = lease.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    let _ = this.store.release_lease(&current).await;
+                this.record_end(&ctx, finish, cancelled).await;
+            }
+            this.running.remove(&op.id);
+            this.finished.notify_waiters();
+        });
+    }
+
+    /// Records how an operation ended, with its lease given up. When the store refuses the
+    /// write (a full disk, an I/O error), the ending is kept in memory, where reads, cancels
+    /// and watches find it, and a task records it once the store accepts writes again (with
+    /// backoff), or gives up when another engine took the instance over (which marks the
+    /// operation interrupted). A restart marks it interrupted too.
+    async fn record_end(self: &Arc<Self>, ctx: &Arc<RunContext>, f: Finish, cancelled: bool) {
+        let Err(first) = self.finish(ctx, f.clone(), cancelled).await else {
+            return;
+        };
+        let op = &ctx.operation;
+        tracing::error!(operation = %op.id, instance = %op.instance_id, error = %first,
+            "the state store refused to record the end of the operation; it is kept in memory and recorded once the store accepts writes");
+        let note = format!(
+            "its end is not recorded yet: the state store refused the write ({first}); the \
+             engine retries until it can"
+        );
+        let now = crate::state::Timestamp::from_millis(
+            i64::try_from(now_nanos() / 1_000_000).unwrap_or(i64::MAX),
+        );
+        self.unrecorded.insert(
+            op.id.clone(),
+            Operation {
+                status: end_status(&f, cancelled),
+                error: Some(match &f.error {
+                    Some(e) => format!("{e}\n({note})"),
+                    None => format!("({note})"),
+                }),
+                updated_at: now,
+                finished_at: Some(now),
+                ..op.clone()
+            },
+        );
+        let this = self.clone();
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let id = ctx.operation.id.clone();
+            let mut wait = Duration::from_millis(250);
+            loop {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RECORD_RETRY_MAX);
+                match this.finish(&ctx, f.clone(), cancelled).await {
+                    Ok(()) => {
+                        tracing::info!(operation = %id, "the end of the operation is recorded");
+                        break;
+                    }
+                    Err(e @ StateError::Fenced { .. }) => {
+                        tracing::warn!(operation = %id, error = %e, "another engine took the instance over; it records the operation as interrupted");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(operation = %id, error = %e, retry_in = ?wait, "the state store still refuses the end of the operation")
+                    }
                 }
             }
-            this.running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&op.id);
-            this.finished.notify_waiters();
+            this.unrecorded.remove(&id);
         });
     }
 
     /// Records the end of an operation: its status, the instance's and the change set's, the
     /// terminal `operation.finished` event and the release of its lease, in one transaction:
     /// a client that sees the operation finished can start the next one at once.
-    async fn finish(&self, ctx: &RunContext, f: Finish, cancelled: bool) -> Result<()> {
+    async fn finish(
+        &self,
+        ctx: &RunContext,
+        f: Finish,
+        cancelled: bool,
+    ) -> std::result::Result<(), StateError> {
         let op = &ctx.operation;
-        let status = match (&f.error, cancelled) {
-            (None, _) => OperationStatus::Succeeded,
-            (Some(_), true) => OperationStatus::Cancelled,
-            (Some(_), false) => OperationStatus::Failed,
-        };
+        let status = end_status(&f, cancelled);
         let mut changes = vec![];
         if let Some(s) = f.instance_status {
             changes.push(Change::InstanceStatus(s));
@@ -1372,8 +1344,7 @@ impl Engine {
             json!({ "status": status.as_str(), "error": f.error,
                     "instanceStatus": f.instance_status.map(|s| s.as_str()) }),
         );
-        ctx.commit(changes, vec![event]).await?;
-        Ok(())
+        ctx.commit(changes, vec![event]).await.map(drop)
     }
 
     /// Inputs, plan and evaluation rebuilt from a change set's recorded body, with the data
@@ -1402,7 +1373,7 @@ impl Engine {
         let recorded = prepare::RecordedDataSources::from_body(&cs.body, plugins);
         let prepared = prepare::prepare_with(
             &inputs,
-            self.config.max_input_size,
+            self.config.request_limits(),
             plugins,
             &cwd,
             Some(&recorded),
@@ -1449,6 +1420,11 @@ impl Engine {
                 Err(e) => return fail(e),
             },
         };
+        // Provider failures and plugin logs are cleaned of this deploy's secrets while it runs
+        // (its children's and links' calls and its rollback included): see `crate::redact`.
+        let mut secrets = prepared.evaluation.secret_texts();
+        secrets.extend(state_values::instance_secrets(&before));
+        let _secrets = crate::redact::hold(secrets);
         if prepared.diags.has_errors() {
             return fail(format!(
                 "the blueprint no longer validates with the installed plugins:\n{}",
@@ -1818,7 +1794,7 @@ impl Engine {
             if let Some(p) = child_plan {
                 check_child_exports(p, &run.exports)?;
             }
-            prepared.set_child_exports(&name, run.exports);
+            prepared.set_child_exports(&name, run.exports, run.secret_exports);
             changes.push(Change::PutChild {
                 name,
                 child_instance_id: run.instance_id,
@@ -1905,6 +1881,12 @@ impl Engine {
                         crate::eval::value::Value::from_json(&state_values::unwrap(&e.value)),
                     )
                 })
+                .collect(),
+            secret_exports: state
+                .exports
+                .iter()
+                .filter(|e| state_values::holds_secret(&e.value))
+                .map(|e| e.name.clone())
                 .collect(),
         })
     }
@@ -1998,12 +1980,17 @@ impl Engine {
         }
         let mut changes = Vec::new();
         let mut errors = Vec::new();
-        for (name, ty, value) in prepared.exports(plugins) {
-            match value {
+        for x in prepared.exports(plugins) {
+            match x.value {
+                // Derived from a secret: stored marked, so every answer masks it.
                 Ok(v) => changes.push(Change::PutExport {
-                    name,
-                    export_type: ty,
-                    value: state_values::eval_to_json(&v),
+                    name: x.name,
+                    export_type: x.ty,
+                    value: if x.sensitive {
+                        state_values::mark_secret(state_values::eval_to_json(&v))
+                    } else {
+                        state_values::eval_to_json(&v)
+                    },
                 }),
                 Err(e) => errors.push(e),
             }
@@ -2035,8 +2022,9 @@ impl Engine {
             Ok(s) => s,
             Err(e) => return Finish::failed(e.to_string()),
         };
+        let _secrets = crate::redact::hold(state_values::instance_secrets(&state));
         let resources: Vec<&Resource> = state.resources.iter().collect();
-        let (mut outcome, _) = exec::destroy_all(ctx, &resources);
+        let (mut outcome, _) = exec::destroy_all(ctx, &resources, &state.links);
         // Children go after the resources that may depend on them.
         if matches!(outcome, Outcome::Succeeded) {
             let names: Vec<String> = state.children.iter().map(|c| c.name.clone()).collect();
@@ -2073,20 +2061,8 @@ impl Engine {
             Ok(s) => s,
             Err(e) => return Finish::failed(e.to_string()),
         };
-        let mut errors = Vec::new();
-        for r in state
-            .resources
-            .iter()
-            .filter(|r| only.is_empty() || only.contains(&r.name))
-        {
-            if ctx.stop.is_cancelled() {
-                errors.push("the operation was stopped before it finished".to_owned());
-                break;
-            }
-            if let Err(e) = ctx.rt.block_on(exec::reconcile_one(ctx, r, accept)) {
-                errors.push(format!("{}: {e}", r.name));
-            }
-        }
+        let _secrets = crate::redact::hold(state_values::instance_secrets(&state));
+        let errors = exec::reconcile_all(ctx, &state, accept, only);
         let after = ctx.rt.block_on(ctx.store.load_state(&inst));
         let settled = after.as_ref().is_ok_and(|s| {
             s.resources
@@ -2118,7 +2094,11 @@ impl Engine {
         Ok(self.store.list_instances().await?)
     }
 
+    /// The operation as recorded, or as it ended when the store has not accepted its end yet.
     pub async fn get_operation(&self, id: &str) -> Result<Operation> {
+        if let Some(ended) = self.unrecorded.get(id) {
+            return Ok(ended.clone());
+        }
         Ok(self.store.get_operation(id).await?)
     }
 
@@ -2261,41 +2241,45 @@ impl Engine {
         }
     }
 
-    /// Graceful stop: refuse new mutations, ask running operations to stop at a safe point,
-    /// wait up to `timeout`, then mark what is left interrupted.
+    /// Graceful stop: refuse new mutations and let running operations finish for up to
+    /// `timeout`; those still running then are asked to stop at a safe point (no new provider
+    /// call starts) and get [`STOP_GRACE`] to reach it; what is left is marked interrupted.
     pub async fn drain(&self, timeout: Duration) {
         self.draining.store(true, Ordering::SeqCst);
-        for r in self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            r.stop.cancel();
-        }
         let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.finished.notified();
-            if self
-                .running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
-            {
-                break;
+        if !self.wait_idle(deadline).await {
+            let left = self.running.len();
+            tracing::warn!(timeout = ?timeout, operations = left, "drain timeout reached: stopping running operations at a safe point");
+            for r in self.running.iter() {
+                r.stop.cancel();
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                tracing::warn!("drain timeout reached with operations still running");
-                break;
+            if !self
+                .wait_idle(tokio::time::Instant::now() + STOP_GRACE)
+                .await
+            {
+                tracing::warn!(grace = ?STOP_GRACE, "operations did not reach a safe point in time");
             }
         }
         match self
             .store
-            .mark_interrupted(InterruptScope::Owner(self.config.owner.clone()))
+            .mark_interrupted(InterruptScope::ShutDown(self.config.owner.clone()))
             .await
         {
             Ok(ops) => self.mark_instances_interrupted(&ops).await,
             Err(e) => tracing::error!(error = %e, "could not mark operations interrupted"),
+        }
+    }
+
+    /// Waits until no operation runs, or `deadline`; whether none runs.
+    async fn wait_idle(&self, deadline: tokio::time::Instant) -> bool {
+        loop {
+            let notified = self.finished.notified();
+            if self.running.is_empty() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
         }
     }
 
@@ -2304,17 +2288,75 @@ impl Engine {
     }
 }
 
+/// The longest wait between two tries to record an operation's end the store refused.
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// How an operation that ran its body to `f` ended.
+fn end_status(f: &Finish, cancelled: bool) -> OperationStatus {
+    match (&f.error, cancelled) {
+        (None, _) => OperationStatus::Succeeded,
+        (Some(_), true) => OperationStatus::Cancelled,
+        (Some(_), false) => OperationStatus::Failed,
+    }
+}
+
+/// After the drain timeout, how long operations asked to stop get to reach a safe point (the
+/// provider calls in flight come back) before they are marked interrupted.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// What planning a blueprint found, handed back from the planning thread.
 #[derive(Default)]
 struct Planned {
     plan: Plan,
     diagnostics: Vec<Json>,
     datasources: Json,
-    /// Why the blueprint cannot be planned (rendered).
-    error: Option<String>,
+    /// Why the blueprint cannot be planned.
+    error: Option<PlanFailure>,
     prepared: Option<Prepared>,
     /// Included documents read from this host while planning.
     files: Vec<(String, Vec<u8>)>,
+}
+
+/// Why planning stopped: a message, and for an invalid blueprint (the root's or a child's)
+/// its diagnostics, which the API returns as data (they may be far too many for a status).
+struct PlanFailure {
+    message: String,
+    diagnostics: Vec<Json>,
+}
+
+impl PlanFailure {
+    /// `prepared` has errors: `prefix` names the child they are in ("" for the root).
+    fn invalid(prefix: &str, prepared: &Prepared) -> PlanFailure {
+        PlanFailure {
+            message: format!(
+                "{prefix}the blueprint has errors:\n{}",
+                prepared.errors_text()
+            ),
+            diagnostics: prepared.diagnostics_json(),
+        }
+    }
+}
+
+impl From<String> for PlanFailure {
+    fn from(message: String) -> PlanFailure {
+        PlanFailure {
+            message,
+            diagnostics: Vec::new(),
+        }
+    }
+}
+
+impl From<PlanFailure> for EngineError {
+    fn from(f: PlanFailure) -> EngineError {
+        if f.diagnostics.is_empty() {
+            EngineError::InvalidArgument(f.message)
+        } else {
+            EngineError::InvalidBlueprint {
+                message: f.message,
+                diagnostics: f.diagnostics,
+            }
+        }
+    }
 }
 
 /// What planning a blueprint's children found.
@@ -2407,6 +2449,8 @@ struct ChildRun {
     /// Its change set changed something.
     changed: bool,
     exports: indexmap::IndexMap<String, crate::eval::value::Value>,
+    /// The names of the exports it stored marked sensitive.
+    secret_exports: Vec<String>,
 }
 
 /// A child instance must be at the version the parent's plan read: otherwise what the plan
@@ -2437,6 +2481,14 @@ fn check_child_exports(
             continue;
         };
         let actual = exports.get(&e.name).map(state_values::eval_to_json);
+        if actual.as_ref() != Some(expected) && e.sensitive {
+            // The error is stored and shown: a secret's values are not quoted.
+            return Err(format!(
+                "child `{}`: export `{}` (sensitive) is not what its plan expected after its \
+                 deploy; plan again",
+                planned.instance, e.name
+            ));
+        }
         if actual.as_ref() != Some(expected) {
             return Err(format!(
                 "child `{}`: export `{}` is {} after its deploy, not {expected} as planned; plan \
@@ -2483,6 +2535,7 @@ fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
 }
 
 /// How an operation's body ended.
+#[derive(Clone)]
 pub struct Finish {
     pub error: Option<String>,
     pub instance_status: Option<InstanceStatus>,
@@ -2526,109 +2579,5 @@ pub struct DriftReport {
 impl DriftReport {
     pub fn drifted(&self) -> bool {
         !self.resources.is_empty()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_dir::TestDir;
-
-    #[test]
-    fn paths_outside_the_roots_are_denied_alike_whether_they_exist_or_not() {
-        let tmp = TestDir::new("paths");
-        let root = tmp.join("root");
-        let outside = tmp.join("outside");
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::create_dir_all(&outside).unwrap();
-        std::fs::write(root.join("app.yaml"), "x").unwrap();
-        std::fs::write(outside.join("secret.yaml"), "x").unwrap();
-        std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
-        std::os::unix::fs::symlink(&root, outside.join("in")).unwrap();
-        let roots = [root.clone()];
-        let check = |p: &Path| allowed_path(p, &tmp, &roots);
-
-        // Each pair: an existing file and a missing one, reached the same way.
-        let outside_paths = [
-            outside.join("secret.yaml"),
-            outside.join("missing.yaml"),
-            root.join("../outside/secret.yaml"),
-            root.join("../outside/missing.yaml"),
-            root.join("out/secret.yaml"),
-            root.join("out/missing.yaml"),
-            root.join("out/nowhere/../../outside/secret.yaml"),
-            // Up out of a directory that does not exist, onto a symlink leading out.
-            root.join("nope/../out/secret.yaml"),
-            root.join("nope/../out/missing.yaml"),
-            // Up out of a missing directory, even when it would land inside.
-            root.join("x/../app.yaml"),
-            root.join(format!("{}/app.yaml", "a/".repeat(3000))),
-            PathBuf::from("outside/secret.yaml"),
-            PathBuf::from("outside/missing.yaml"),
-            PathBuf::from("/"),
-        ];
-        for p in &outside_paths {
-            assert_eq!(
-                check(p),
-                Err(EngineError::PermissionDenied(format!(
-                    "{} is not under a root the engine allows (--allow-path); send the \
-                     blueprint inline",
-                    p.display()
-                ))),
-                "{}",
-                p.display()
-            );
-        }
-
-        // Inside a root: found, through `..` and symlinks that stay inside, or said missing.
-        let app = root.join("app.yaml");
-        assert_eq!(check(&root.join("app.yaml")), Ok(app.clone()));
-        // Readable as it resolves (`PathBuf` equality ignores a trailing `/`; opening does not).
-        let resolved = check(&root.join("app.yaml")).unwrap();
-        assert_eq!(read_path_source(&resolved, &resolved, 10).unwrap(), b"x");
-        assert_eq!(check(Path::new("root/./app.yaml")), Ok(app.clone()));
-        assert_eq!(check(&outside.join("in/./app.yaml")), Ok(app.clone()));
-        assert_eq!(check(&outside.join("in/app.yaml")), Ok(app));
-        let missing = check(&root.join("missing.yaml")).unwrap();
-        assert!(matches!(
-            read_path_source(&missing, &missing, 100),
-            Err(EngineError::InvalidArgument(m)) if m.contains("No such file")
-        ));
-
-        // No roots: nothing is readable.
-        assert!(matches!(
-            allowed_path(&root.join("app.yaml"), &tmp, &[]),
-            Err(EngineError::PermissionDenied(_))
-        ));
-    }
-
-    #[test]
-    fn path_sources_larger_than_the_input_limit_are_refused() {
-        let tmp = TestDir::new("size");
-        let file = tmp.join("big.yaml");
-        std::fs::write(&file, vec![b'#'; 11]).unwrap();
-        assert_eq!(read_path_source(&file, &file, 11).unwrap().len(), 11);
-        let err = read_path_source(Path::new("big.yaml"), &file, 10).unwrap_err();
-        assert_eq!(
-            err,
-            EngineError::InvalidArgument(
-                "big.yaml: the file is 11 bytes, more than the engine's limit of 10 bytes \
-                 (--max-input-size, TRELLIS_MAX_INPUT_SIZE)"
-                    .into()
-            )
-        );
-        // Not a file: refused without blocking (a FIFO has no writer here).
-        assert!(matches!(
-            read_path_source(&tmp, &tmp, 10),
-            Err(EngineError::InvalidArgument(m)) if m.ends_with("not a regular file")
-        ));
-        let fifo = tmp.join("fifo");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        assert!(matches!(
-            read_path_source(&fifo, &fifo, 10),
-            Err(EngineError::InvalidArgument(m)) if m.ends_with("not a regular file")
-        ));
     }
 }

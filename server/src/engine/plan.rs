@@ -561,6 +561,19 @@ pub struct PlannedExport {
     pub previous: Option<Shown>,
     /// `None`: the export goes away.
     pub new: Option<Shown>,
+    /// The new value was derived from a secret: `new` holds it for the evaluation of what
+    /// reads it (the parent, later children), and everything shown masks it.
+    pub sensitive: bool,
+}
+
+impl PlannedExport {
+    /// `new` as it may be shown.
+    pub fn shown_new(&self) -> Option<Shown> {
+        match &self.new {
+            Some(Shown::Value(_)) if self.sensitive => Some(Shown::Sensitive),
+            other => other.clone(),
+        }
+    }
 }
 
 /// What executing a parent's change set does to one of its children (an include, deployed as
@@ -598,6 +611,15 @@ impl ChildPlan {
         }
     }
 
+    /// The names of the exports derived from a secret.
+    pub fn secret_exports(&self) -> Vec<String> {
+        self.exports
+            .iter()
+            .filter(|e| e.sensitive)
+            .map(|e| e.name.clone())
+            .collect()
+    }
+
     /// The export values the plan knows (for `${children.name.field}` in the parent and the
     /// children after it); the others are unknown.
     pub fn known_exports(&self) -> IndexMap<String, Value> {
@@ -633,6 +655,9 @@ impl ChildPlan {
                 if let Some(n) = &e.new {
                     o.insert("new".into(), shown_json(n));
                 }
+                if e.sensitive {
+                    o.insert("sensitive".into(), Json::Bool(true));
+                }
                 Json::Object(o)
             }).collect::<Vec<_>>(),
             "unknownVariables": self.unknown_variables,
@@ -666,6 +691,7 @@ impl ChildPlan {
                         Some(n) => Some(shown_from_json(n)?),
                         None => None,
                     },
+                    sensitive: e.get("sensitive").and_then(Json::as_bool) == Some(true),
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -761,6 +787,7 @@ pub fn deleted_child(name: &str, state: &InstanceState, nested: Vec<ChildPlan>) 
                 action: Action::Delete,
                 previous: Some(stored_shown(&e.value)),
                 new: None,
+                sensitive: false,
             })
             .collect(),
         unknown_variables: Vec::new(),
@@ -977,7 +1004,13 @@ pub fn planned_exports(
         }
     }
     let mut out = Vec::new();
-    for (name, _ty, result) in prepared.exports(plugins) {
+    for super::prepare::EvaluatedExport {
+        name,
+        value: result,
+        sensitive,
+        ..
+    } in prepared.exports(plugins)
+    {
         // Not known yet, or not of its type (the deploy reports that).
         let new = match result {
             Ok(v) => Shown::Value(super::state_values::eval_to_json(&v)),
@@ -996,6 +1029,7 @@ pub fn planned_exports(
             action,
             previous: recorded.map(|e| stored_shown(&e.value)),
             new: Some(new),
+            sensitive,
         });
     }
     for old in &current.exports {
@@ -1005,6 +1039,7 @@ pub fn planned_exports(
                 action: Action::Delete,
                 previous: Some(stored_shown(&old.value)),
                 new: None,
+                sensitive: false,
             });
         }
     }
@@ -1029,6 +1064,7 @@ mod tests {
             metadata: Json::Null,
             external_id: None,
             failure_reason: None,
+            call_key: None,
             created_at: t,
             updated_at: t,
         }

@@ -10,6 +10,7 @@ use crate::check::{self, PluginContext};
 use crate::diag::{Diagnostic, Diagnostics, Severity};
 use crate::eval::blueprint::{DataSourceFetcher, Evaluation, evaluate_with, reevaluate};
 use crate::eval::functions::Env;
+use crate::eval::limits::Limits;
 use crate::eval::value::Value;
 use crate::source::SourceMap;
 use crate::validate::refs::{Graph, NodeRef};
@@ -281,15 +282,32 @@ impl Prepared {
     }
 }
 
+/// How large a request may be: its documents, and what evaluating them may build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestLimits {
+    pub max_input_size: usize,
+    pub eval: Limits,
+}
+
+impl super::EngineConfig {
+    /// The limits every request's preparation runs under.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_input_size: self.max_input_size,
+            eval: self.eval_limits,
+        }
+    }
+}
+
 /// Reads, validates and evaluates `inputs`. Errors are in `diags`; evaluation and the graph are
 /// meaningful only without them.
 pub fn prepare(
     inputs: &Inputs,
-    max_input_size: usize,
+    limits: RequestLimits,
     plugins: &PluginContext<'_>,
     cwd: &str,
 ) -> Prepared {
-    prepare_with(inputs, max_input_size, plugins, cwd, None)
+    prepare_with(inputs, limits, plugins, cwd, None)
 }
 
 /// Data source exports a plan fetched, replayed when its change set executes.
@@ -337,7 +355,7 @@ impl DataSourceFetcher for RecordedDataSources<'_> {
 /// [`prepare`], with the data source exports a plan recorded (at execution).
 pub fn prepare_with(
     inputs: &Inputs,
-    max_input_size: usize,
+    limits: RequestLimits,
     plugins: &PluginContext<'_>,
     cwd: &str,
     recorded: Option<&RecordedDataSources<'_>>,
@@ -354,7 +372,7 @@ pub fn prepare_with(
         &name,
         bytes,
         &inputs.variables,
-        max_input_size,
+        limits.max_input_size,
         plugins,
         &mut diags,
     );
@@ -399,6 +417,7 @@ pub fn prepare_with(
         &env,
         Some(plugins),
         Some(fetcher),
+        limits.eval,
         &mut diags,
     );
     diags.sort();
@@ -491,11 +510,9 @@ fn resource_deps(bp: &Blueprint, graph: &Graph, ev: &Evaluation) -> (Vec<Vec<usi
 
 impl Prepared {
     /// Every export's value against the evaluation as it is now (after a deploy: with every
-    /// resource's state recorded), checked against its declared type.
-    pub fn exports(
-        &self,
-        plugins: &PluginContext<'_>,
-    ) -> Vec<(String, String, Result<Value, String>)> {
+    /// resource's state recorded), checked against its declared type, and whether it read a
+    /// secret (then it is sensitive wherever it is shown).
+    pub fn exports(&self, plugins: &PluginContext<'_>) -> Vec<EvaluatedExport> {
         let link = |a: &str, b: &str| link_value(&self.link_data, a, b);
         let env = Env {
             cwd: &self.cwd,
@@ -511,6 +528,7 @@ impl Prepared {
                     .map_or("string", |t| t.value.as_str())
                     .to_owned();
             let Some(field) = &x.field else { continue };
+            scope.touched_secret.set(false);
             let mut diags = Diagnostics::default();
             let map = crate::subst::SpanMap::verbatim(field.span.file, field.span.start);
             let result = match crate::subst::parse_expression(&field.value, &map, &mut diags) {
@@ -518,7 +536,7 @@ impl Prepared {
                     "export `{name}`: `{}` is not a reference",
                     field.value
                 )),
-                Some(expr) => match scope.expr(&expr) {
+                Some(expr) => match scope.guard(scope.expr(&expr)) {
                     Err(e) => Err(format!("export `{name}`: {}", e.message)),
                     Ok(v) if v.deep_contains_unknown() => Err(format!(
                         "export `{name}`: `{}` is not known after deploy",
@@ -527,10 +545,25 @@ impl Prepared {
                     Ok(v) => check_export_type(&name, &ty, v),
                 },
             };
-            out.push((name, ty, result));
+            out.push(EvaluatedExport {
+                name,
+                ty,
+                value: result,
+                sensitive: scope.touched_secret.get(),
+            });
         }
         out
     }
+}
+
+/// One export as [`Prepared::exports`] evaluated it.
+pub struct EvaluatedExport {
+    pub name: String,
+    /// The declared type.
+    pub ty: String,
+    pub value: Result<Value, String>,
+    /// Derived from a secret: stored marked, shown as `(sensitive)`.
+    pub sensitive: bool,
 }
 
 /// The recorded data of the link between `a` and `b` (either way round); unknown until the
@@ -640,10 +673,19 @@ impl Prepared {
         Ok((path, vars))
     }
 
-    /// Records a deployed child's exports for `${children.name.field}`.
-    pub fn set_child_exports(&mut self, name: &str, exports: IndexMap<String, Value>) {
+    /// Records a deployed child's exports for `${children.name.field}`; reading one named in
+    /// `secret` marks what reads it sensitive.
+    pub fn set_child_exports(
+        &mut self,
+        name: &str,
+        exports: IndexMap<String, Value>,
+        secret: Vec<String>,
+    ) {
         self.evaluation
             .children
             .insert(name.to_owned(), Value::Map(exports));
+        self.evaluation
+            .secret_children
+            .insert(name.to_owned(), secret);
     }
 }

@@ -35,6 +35,9 @@ pub struct Failure {
     pub message: String,
     /// Something was created before the failure: record it, so it is not orphaned.
     pub partial: Option<Applied>,
+    /// No answer came (the plugin died, the deadline passed, the connection broke): the call
+    /// may have happened, so its intent stays until the provider has been asked.
+    pub unknown: bool,
 }
 
 impl Failure {
@@ -42,6 +45,22 @@ impl Failure {
         Failure {
             message: message.into(),
             partial: None,
+            unknown: false,
+        }
+    }
+
+    /// A provider call that failed in the host or on the way: `unknown` when the provider may
+    /// have acted on it before the answer was lost.
+    pub fn of_call(e: &PluginError) -> Failure {
+        let unknown = matches!(
+            e,
+            PluginError::Crashed { .. }
+                | PluginError::DeadlineExceeded { .. }
+                | PluginError::Transport { .. }
+        );
+        Failure {
+            unknown,
+            ..Failure::new(describe(e))
         }
     }
 }
@@ -149,40 +168,35 @@ fn target_secrets(target: &Target) -> Vec<String> {
     out
 }
 
-/// Secrets shorter than this are not cut out of a message but withhold it whole: replacing
-/// every `a` or `42` would garble the text and show where the secret was.
-const SHORTEST_REDACTED: usize = 6;
-
-/// What a message withheld for quoting a short secret says instead.
-const WITHHELD: &str = "(the provider's message is withheld: it quotes a value marked sensitive)";
-
-/// `message` with every occurrence of a secret replaced by the sensitive marker (longest
-/// first, so a secret containing another is cut whole), or withheld whole when it holds a
-/// secret too short to cut out.
+/// `message` without the secrets of a call (or withheld, see [`crate::redact::redact`]), nor
+/// those of the operations running now.
 fn redact(message: &str, secrets: &[String]) -> String {
-    let present: Vec<&String> = secrets
-        .iter()
-        .filter(|s| !s.is_empty() && message.contains(s.as_str()))
-        .collect();
-    if present
-        .iter()
-        .any(|s| s.chars().count() < SHORTEST_REDACTED)
-    {
-        return WITHHELD.to_owned();
-    }
-    let mut sorted = present;
-    sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    let mut out = message.to_owned();
-    for s in sorted {
-        out = out.replace(s.as_str(), crate::eval::render::SENSITIVE_TEXT);
-    }
-    out
+    crate::redact::redact(message, secrets)
 }
 
 impl Failure {
     fn redacted(self, secrets: &[String]) -> Failure {
         Failure {
             message: redact(&self.message, secrets),
+            partial: self.partial.map(|a| a.marked(secrets)),
+            unknown: self.unknown,
+        }
+    }
+}
+
+/// Provider output for storage, with every string that quotes one of `secrets` or a secret of
+/// the running operations marked (see `state_values::mark_mentions`).
+fn mark_output(v: Json, secrets: &[String]) -> Json {
+    if secrets.is_empty() && !crate::redact::any_held() {
+        return v;
+    }
+    super::state_values::mark_mentions(v, &|s| crate::redact::mentions_secret(s, secrets))
+}
+
+impl Applied {
+    fn marked(self, secrets: &[String]) -> Applied {
+        Applied {
+            state: mark_output(self.state, secrets),
             ..self
         }
     }
@@ -269,9 +283,10 @@ impl PluginProvisioner {
                 Err(Failure {
                     message: PluginError::Application(app).to_string(),
                     partial,
+                    unknown: false,
                 })
             }
-            Err(e) => Err(Failure::new(describe(&e))),
+            Err(e) => Err(Failure::of_call(&e)),
         }
     }
 
@@ -291,7 +306,7 @@ impl PluginProvisioner {
         let resp = client
             .destroy_resource(req, &options(target, idempotency_key))
             .await
-            .map_err(|e| Failure::new(describe(&e)))?;
+            .map_err(|e| Failure::of_call(&e))?;
         match resp.error {
             // Already gone is what destroy wants.
             Some(e) if e.class != pb::ErrorClass::NotFound as i32 => Err(Failure::new(format!(
@@ -433,7 +448,11 @@ impl PluginProvisioner {
 }
 
 /// A provider may quote what it was sent in an error, and failures are recorded in state and
-/// events: every failure is cleaned of the secrets of the call's inputs.
+/// events and shown by the CLI: every failure is cleaned of the secrets of the call's inputs
+/// and of those the running operations registered (`crate::redact::hold`), which catch a
+/// secret quoted inside a longer text (an absolute path built from a secret-derived one).
+/// This is the one door every provider failure of an operation passes (resources, links,
+/// children's resources, rollbacks, reads), so it is the one place that redacts them.
 #[tonic::async_trait]
 impl Provisioner for PluginProvisioner {
     async fn apply(
@@ -446,13 +465,13 @@ impl Provisioner for PluginProvisioner {
         // unless it holds some); the recorded ones are read only if the call fails.
         let mut sent = Vec::new();
         collect_secrets(&spec, false, &mut sent);
-        self.apply_call(target, spec, idempotency_key)
-            .await
-            .map_err(|f| {
-                let mut secrets = target_secrets(target);
-                secrets.append(&mut sent);
-                f.redacted(&secrets)
-            })
+        match self.apply_call(target, spec, idempotency_key).await {
+            Ok(applied) => Ok(applied.marked(&sent)),
+            Err(f) => {
+                sent.extend(target_secrets(target));
+                Err(f.redacted(&sent))
+            }
+        }
     }
 
     async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure> {
@@ -462,20 +481,35 @@ impl Provisioner for PluginProvisioner {
     }
 
     async fn read(&self, target: &Target) -> Result<Observed, Failure> {
-        self.read_call(target)
-            .await
-            .map_err(|f| f.redacted(&target_secrets(target)))
+        match self.read_call(target).await {
+            Ok(Observed::Exists {
+                spec,
+                state,
+                external_id,
+            }) => {
+                let secrets = target_secrets(target);
+                Ok(Observed::Exists {
+                    spec: mark_output(spec, &secrets),
+                    state: mark_output(state, &secrets),
+                    external_id,
+                })
+            }
+            Ok(Observed::Missing) => Ok(Observed::Missing),
+            Err(f) => Err(f.redacted(&target_secrets(target))),
+        }
     }
 
     async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure> {
-        self.link_call(call, idempotency_key).await.map_err(|f| {
-            let mut secrets = target_secrets(&call.a);
-            secrets.extend(target_secrets(&call.b));
-            for v in [&call.annotations_a, &call.annotations_b, &call.link_data] {
-                collect_secrets(&stored_pb(v), false, &mut secrets);
-            }
-            f.redacted(&secrets)
-        })
+        let result = self.link_call(call, idempotency_key).await;
+        let mut secrets = target_secrets(&call.a);
+        secrets.extend(target_secrets(&call.b));
+        for v in [&call.annotations_a, &call.annotations_b, &call.link_data] {
+            collect_secrets(&stored_pb(v), false, &mut secrets);
+        }
+        match result {
+            Ok(data) => Ok(mark_output(data, &secrets)),
+            Err(f) => Err(f.redacted(&secrets)),
+        }
     }
 
     async fn spec_schema(&self, resource_type: &str) -> Option<pb::Schema> {
@@ -525,8 +559,11 @@ mod tests {
         let stored = json!({"pin": {"$sensitive": 4242}, "k": {"$sensitive": "ab"}});
         let mut secrets = Vec::new();
         collect_secrets(&stored_pb(&stored), false, &mut secrets);
-        assert_eq!(redact("pin 4242 refused", &secrets), WITHHELD);
-        assert_eq!(redact("cannot grab it", &secrets), WITHHELD);
+        assert_eq!(
+            redact("pin 4242 refused", &secrets),
+            crate::redact::WITHHELD
+        );
+        assert_eq!(redact("cannot grab it", &secrets), crate::redact::WITHHELD);
         assert_eq!(redact("nothing secret", &secrets), "nothing secret");
     }
 }

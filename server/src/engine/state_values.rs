@@ -38,6 +38,61 @@ pub fn holds_secret(v: &Json) -> bool {
     }
 }
 
+/// The text of every scalar marked secret inside `v` (`inside`: `v` is within a mark).
+pub fn secret_texts(v: &Json, inside: bool, out: &mut Vec<String>) {
+    match v {
+        Json::Object(o) => match wrapped(o) {
+            Some(inner) => secret_texts(inner, true, out),
+            None => o.values().for_each(|x| secret_texts(x, inside, out)),
+        },
+        Json::Array(items) => items.iter().for_each(|x| secret_texts(x, inside, out)),
+        Json::String(s) if inside && !s.is_empty() => out.push(s.clone()),
+        Json::Number(n) if inside => out.push(n.to_string()),
+        _ => {}
+    }
+}
+
+/// The secrets an instance records: in its resources' specs and states, its links' data and
+/// its exports.
+pub fn instance_secrets(state: &crate::state::InstanceState) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in &state.resources {
+        secret_texts(&r.spec, false, &mut out);
+        if let Some(s) = &r.state {
+            secret_texts(s, false, &mut out);
+        }
+    }
+    for l in &state.links {
+        secret_texts(&l.data, false, &mut out);
+    }
+    for e in &state.exports {
+        secret_texts(&e.value, false, &mut out);
+    }
+    out
+}
+
+/// `v` with every string outside a mark that `is_secret` says holds a secret marked: a
+/// provider's output that quotes a secret it was given (an absolute path built from a secret
+/// one) is as secret as its input, whether or not the provider marked it.
+pub fn mark_mentions(v: Json, is_secret: &dyn Fn(&str) -> bool) -> Json {
+    match v {
+        Json::Object(o) if wrapped(&o).is_some() => Json::Object(o),
+        Json::Object(o) => Json::Object(
+            o.into_iter()
+                .map(|(k, x)| (k, mark_mentions(x, is_secret)))
+                .collect(),
+        ),
+        Json::Array(items) => Json::Array(
+            items
+                .into_iter()
+                .map(|x| mark_mentions(x, is_secret))
+                .collect(),
+        ),
+        Json::String(s) if is_secret(&s) => mark_secret(Json::String(s)),
+        other => other,
+    }
+}
+
 /// The value without secret wrappers.
 pub fn unwrap(v: &Json) -> Json {
     match v {

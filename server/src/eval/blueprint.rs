@@ -7,6 +7,7 @@
 
 use super::expr::{EvalError, ExternalFunctions, ResourceEntry, ResourceValue, Scope};
 use super::functions::Env;
+use super::limits::{Budget, Limits};
 use super::value::Value;
 use crate::blueprint::{Blueprint, Condition, Resource, Scalar, TKind, TNode};
 use crate::diag::{Diagnostic, Diagnostics, codes};
@@ -78,6 +79,11 @@ pub struct Evaluation {
     pub instances: Vec<ResourceValue>,
     pub datasources: IndexMap<String, IndexMap<String, Value>>,
     pub children: IndexMap<String, Value>,
+    /// The limits of this evaluation and what it has produced so far: every scope made from
+    /// it (also when resources are evaluated again at deploy) charges the same budget.
+    pub budget: Budget,
+    /// Per child, the exports it marked sensitive: reading one marks the scope.
+    pub secret_children: IndexMap<String, Vec<String>>,
 }
 
 impl Evaluation {
@@ -100,18 +106,43 @@ impl Evaluation {
             secret_values: &self.secret_values,
             datasources: &self.datasources,
             children: &self.children,
+            secret_children: &self.secret_children,
             resources: &self.entries,
             instances: &self.instances,
             elem,
             env,
             external,
             touched_secret: Cell::new(false),
+            budget: &self.budget,
         }
     }
 
     /// Whether a value may be shown (it did not come from a secret).
     pub fn is_secret_value(&self, name: &str) -> bool {
         self.secret_values.iter().any(|s| s == name)
+    }
+
+    /// The text of every scalar of the secret variables and of the values derived from them:
+    /// what must never be quoted back, also inside a longer text (`crate::redact`).
+    pub fn secret_texts(&self) -> Vec<String> {
+        let env = Env {
+            cwd: "",
+            now_unix_nanos: 0,
+            link: &|_, _| Value::Unknown,
+        };
+        self.scope(&env, None).secret_texts()
+    }
+}
+
+/// The text of every string and number inside `v`.
+pub fn scalar_texts(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Str(s) if !s.is_empty() => out.push(s.clone()),
+        Value::Int(i) => out.push(i.to_string()),
+        Value::Float(f) => out.push(f.to_string()),
+        Value::List(items) => items.iter().for_each(|i| scalar_texts(i, out)),
+        Value::Map(m) => m.values().for_each(|i| scalar_texts(i, out)),
+        _ => {}
     }
 }
 
@@ -170,7 +201,16 @@ pub fn evaluate(
     external: Option<&dyn ExternalFunctions>,
     diags: &mut Diagnostics,
 ) -> Evaluation {
-    evaluate_with(bp, graph, supplied, env, external, None, diags)
+    evaluate_with(
+        bp,
+        graph,
+        supplied,
+        env,
+        external,
+        None,
+        Limits::default(),
+        diags,
+    )
 }
 
 /// Fetches the candidate items of a data source type from its provider (the engine's plugin
@@ -190,7 +230,8 @@ pub trait DataSourceFetcher {
 }
 
 /// [`evaluate`], fetching data sources in dependency order when `fetcher` is given (at plan
-/// time); without one they stay unknown.
+/// time); without one they stay unknown. `limits` bound what the evaluation may build.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate_with(
     bp: &Blueprint,
     graph: &Graph,
@@ -198,9 +239,28 @@ pub fn evaluate_with(
     env: &Env<'_>,
     external: Option<&dyn ExternalFunctions>,
     fetcher: Option<&dyn DataSourceFetcher>,
+    limits: Limits,
+    diags: &mut Diagnostics,
+) -> Evaluation {
+    let first = diags.items.len();
+    let ev = evaluate_nodes(bp, graph, supplied, env, external, fetcher, limits, diags);
+    once_over_budget(diags, first);
+    ev
+}
+
+#[allow(clippy::too_many_arguments)]
+fn evaluate_nodes(
+    bp: &Blueprint,
+    graph: &Graph,
+    supplied: &[(String, String)],
+    env: &Env<'_>,
+    external: Option<&dyn ExternalFunctions>,
+    fetcher: Option<&dyn DataSourceFetcher>,
+    limits: Limits,
     diags: &mut Diagnostics,
 ) -> Evaluation {
     let mut ev = resolve_variables(bp, supplied);
+    ev.budget = Budget::new(limits);
     for v in &bp.values {
         if v.secret {
             ev.secret_values.push(v.name.value.clone());
@@ -260,7 +320,11 @@ pub fn evaluate_with(
                 }
                 ev.values.insert(def.name.value.clone(), value);
             }
-            NodeRef::Resource(i) => expand(&bp.resources[i], &mut ev, env, external, diags),
+            NodeRef::Resource(i) => {
+                if !expand(&bp.resources[i], &mut ev, env, external, diags) {
+                    break;
+                }
+            }
             NodeRef::DataSource(i) => {
                 if let Some(fetch) = fetcher {
                     let ds = &bp.datasources[i];
@@ -272,8 +336,26 @@ pub fn evaluate_with(
             }
             NodeRef::Child(_) => {}
         }
+        // Out of budget: everything after would fail the same way.
+        if ev.budget.exhausted() {
+            break;
+        }
     }
     ev
+}
+
+/// Keeps only the first of the budget diagnostics pushed since `first`: once the budget is
+/// spent, every expression after fails alike.
+fn once_over_budget(diags: &mut Diagnostics, first: usize) {
+    let mut seen = false;
+    let mut i = 0;
+    diags.items.retain(|d| {
+        let keep = i < first
+            || d.code != &codes::EVALUATION_BUDGET
+            || !std::mem::replace(&mut seen, true);
+        i += 1;
+        keep
+    });
 }
 
 /// Fetches one data source: its filters' search values evaluated, the provider's items filtered
@@ -319,9 +401,20 @@ fn fetch_datasource(
     if failed {
         return None;
     }
+    // The provider may quote a secret it was sent (a search value) or one it found, inside a
+    // longer text of its own: its answer and its log lines are cleaned of every secret the
+    // blueprint holds.
+    let _held = crate::redact::hold(scope.secret_texts());
     let items = match fetch.fetch(&ty.value, &filters) {
         Ok(items) => items,
         Err(message) => {
+            let mut sent = Vec::new();
+            if scope.touched_secret.get() {
+                filters
+                    .iter()
+                    .for_each(|f| scalar_texts(&f.search, &mut sent));
+            }
+            let message = crate::redact::redact(&message, &sent);
             diags.push(Diagnostic::new(
                 &codes::DATASOURCE_FETCH,
                 ty.span,
@@ -409,6 +502,23 @@ fn fetch_datasource(
 /// `r` is the resource's template in `bp`.
 #[allow(clippy::too_many_arguments)]
 pub fn reevaluate(
+    bp: &Blueprint,
+    graph: &Graph,
+    ev: &mut Evaluation,
+    idx: usize,
+    r: &Resource,
+    env: &Env<'_>,
+    external: Option<&dyn ExternalFunctions>,
+    diags: &mut Diagnostics,
+) -> bool {
+    let first = diags.items.len();
+    let included = reevaluate_one(bp, graph, ev, idx, r, env, external, diags);
+    once_over_budget(diags, first);
+    included
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reevaluate_one(
     bp: &Blueprint,
     graph: &Graph,
     ev: &mut Evaluation,
@@ -515,19 +625,38 @@ fn convert(v: Value, declared: &str) -> Result<Value, String> {
     }
 }
 
+/// Expands one resource template. `false` when the blueprint has reached the resource limit:
+/// nothing after it is expanded.
 fn expand(
     r: &Resource,
     ev: &mut Evaluation,
     env: &Env<'_>,
     external: Option<&dyn ExternalFunctions>,
     diags: &mut Diagnostics,
-) {
+) -> bool {
     let name = r.name.value.clone();
+    let max = ev.budget.limits().max_resources;
+    let before = ev.resources.len();
     let Some(each) = &r.each else {
+        if before >= max {
+            diags.push(
+                EvalError {
+                    code: &codes::TOO_MANY_RESOURCES,
+                    span: r.name.span,
+                    message: format!(
+                        "resource `{name}` would be resource number {} of this blueprint, more \
+                         than the limit of {max} resources per blueprint (max-resources)",
+                        before + 1
+                    ),
+                }
+                .into_diagnostic(),
+            );
+            return false;
+        }
         let (x, value) = instance(r, &name, None, ev, env, external, diags);
         let index = push_instance(ev, x, value);
         ev.entries.insert(name, ResourceEntry::Single(index.1));
-        return;
+        return true;
     };
     let items = match ev.scope_with(env, None, external).whole(each) {
         Ok(Value::List(items)) => items,
@@ -537,7 +666,7 @@ fn expand(
                 each.span,
                 format!("`each` of resource `{name}` must be known before deploy, but its value is known only after deploy"),
             ));
-            return;
+            return true;
         }
         Ok(other) => {
             diags.push(Diagnostic::new(
@@ -548,15 +677,36 @@ fn expand(
                     crate::blueprint::article_of(other.type_name())
                 ),
             ));
-            return;
+            return true;
         }
         Err(e) => {
             diags.push(e.into_diagnostic());
-            return;
+            return true;
         }
     };
+    if before + items.len() > max {
+        diags.push(
+            EvalError {
+                code: &codes::TOO_MANY_RESOURCES,
+                span: each.span,
+                message: format!(
+                    "`each` of resource `{name}` yields {} elements, which would make {} \
+                     resources in this blueprint ({before} before it), more than the limit of \
+                     {max} resources per blueprint (max-resources)",
+                    items.len(),
+                    before + items.len()
+                ),
+            }
+            .into_diagnostic(),
+        );
+        return false;
+    }
     let mut elements = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
+        // Out of budget: the elements after would fail alike.
+        if ev.budget.exhausted() {
+            break;
+        }
         let (x, value) = instance(
             r,
             &format!("{name}_{i}"),
@@ -569,6 +719,7 @@ fn expand(
         elements.push(push_instance(ev, x, value).1);
     }
     ev.entries.insert(name, ResourceEntry::Template(elements));
+    true
 }
 
 /// Stores a concrete resource; returns its index in `resources` and `instances`.

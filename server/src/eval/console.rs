@@ -1,9 +1,10 @@
 //! The blueprint console behind `trellis eval`, as a library so tests and
 //! the conformance corpus run exactly what the command runs.
 
-use super::blueprint::{Evaluation, evaluate, resolve_variables};
+use super::blueprint::{Evaluation, evaluate_with, resolve_variables};
 use super::expr::ExternalFunctions;
 use super::functions::Env;
+use super::limits::{Budget, Limits};
 use super::value::Value;
 use crate::blueprint::{self, Blueprint, Spanned, Variable};
 use crate::diag::Diagnostics;
@@ -64,6 +65,18 @@ impl<'p> Console<'p> {
         max_input: usize,
         plugins: Option<Plugins<'p>>,
     ) -> Console<'p> {
+        Console::with_limits(blueprint, vars, env, max_input, plugins, Limits::default())
+    }
+
+    /// Like [`Console::with_plugins`], with the evaluation bounded by `limits`.
+    pub fn with_limits(
+        blueprint: Option<(&str, Vec<u8>)>,
+        vars: &[(String, String)],
+        env: &Env<'_>,
+        max_input: usize,
+        plugins: Option<Plugins<'p>>,
+        limits: Limits,
+    ) -> Console<'p> {
         let mut c = Console {
             plugins,
             sources: SourceMap::new(),
@@ -101,13 +114,22 @@ impl<'p> Console<'p> {
                 drop(root);
                 let graph = validate::validate(&c.blueprint, src, &opts, &mut c.diags);
                 if !c.diags.has_errors() {
-                    c.evaluation =
-                        evaluate(&c.blueprint, &graph, vars, env, external, &mut c.diags);
+                    c.evaluation = evaluate_with(
+                        &c.blueprint,
+                        &graph,
+                        vars,
+                        env,
+                        external,
+                        None,
+                        limits,
+                        &mut c.diags,
+                    );
                 }
             }
             None => {
                 c.blueprint = vars_only_blueprint(vars);
                 c.evaluation = resolve_variables(&c.blueprint, vars);
+                c.evaluation.budget = Budget::new(limits);
             }
         }
         c

@@ -5,7 +5,8 @@
 //! rather than an error. Reading a secret variable or value marks the scope,
 //! so callers can mask whatever the evaluation produced.
 
-use super::functions::{Env, FnError, call, function_value};
+use super::functions::{Env, FnError, call_in, function_value};
+use super::limits::{Budget, LimitError};
 use super::value::Value;
 use crate::diag::{Code, Diagnostic, codes};
 use crate::source::Span;
@@ -30,8 +31,25 @@ impl EvalError {
         }
     }
 
+    /// An evaluation limit reached at `span`.
+    pub fn limit(span: Span, e: &LimitError) -> EvalError {
+        EvalError::new(e.code(), span, e.to_string())
+    }
+
+    /// Whether this is an evaluation limit rather than a mistake in the blueprint.
+    pub fn is_limit(&self) -> bool {
+        self.code == &codes::VALUE_TOO_LARGE
+            || self.code == &codes::EVALUATION_BUDGET
+            || self.code == &codes::TOO_MANY_RESOURCES
+    }
+
     pub fn into_diagnostic(self) -> Diagnostic {
-        Diagnostic::new(self.code, self.span, self.message)
+        let hint = super::limits::hint(self.code);
+        let d = Diagnostic::new(self.code, self.span, self.message);
+        match hint {
+            Some(h) => d.with_hint(h),
+            None => d,
+        }
     }
 }
 
@@ -90,6 +108,8 @@ pub struct Scope<'a> {
     pub datasources: &'a IndexMap<String, IndexMap<String, Value>>,
     /// Exports of child blueprints; absent means unknown.
     pub children: &'a IndexMap<String, Value>,
+    /// Per child, the names of its exports that are sensitive.
+    pub secret_children: &'a IndexMap<String, Vec<String>>,
     pub resources: &'a IndexMap<String, ResourceEntry>,
     /// The concrete resources `resources` points into.
     pub instances: &'a [ResourceValue],
@@ -100,17 +120,32 @@ pub struct Scope<'a> {
     pub external: Option<&'a dyn ExternalFunctions>,
     /// Set when the evaluation read a secret.
     pub touched_secret: Cell<bool>,
+    /// The evaluation's limits and running total.
+    pub budget: &'a Budget,
 }
 
 impl Scope<'_> {
     /// Hides an error's message when the evaluation read a secret: function
     /// errors may quote their input.
     pub fn hide(&self, mut e: EvalError) -> EvalError {
-        if self.touched_secret.get() {
+        // A limit's message holds sizes only, never the input.
+        if self.touched_secret.get() && !e.is_limit() {
             e.message =
                 "evaluation failed on a value derived from a secret (details hidden)".to_owned();
         }
         e
+    }
+
+    /// The text of every scalar of the secret variables and values this scope can read (see
+    /// `Evaluation::secret_texts`).
+    pub fn secret_texts(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let vars = self.secret_variables.iter().map(|n| self.variables.get(n));
+        let vals = self.secret_values.iter().map(|n| self.values.get(n));
+        for v in vars.chain(vals).flatten() {
+            super::blueprint::scalar_texts(v, &mut out);
+        }
+        out
     }
 
     /// [`Scope::hide`] for a result.
@@ -139,9 +174,21 @@ impl Scope<'_> {
     fn interpolate(&self, t: &Template) -> Result<Value> {
         let mut out = String::new();
         let mut unknown = false;
+        // Checked before each part is added, so a string over the limit is never built.
+        let fits = |out: &String, add: &str, span: Span| {
+            self.budget
+                .check_size(
+                    super::limits::string_bytes(out.len() + add.len()),
+                    || "this string".to_owned(),
+                )
+                .map_err(|e| EvalError::limit(span, &e))
+        };
         for p in &t.parts {
             match p {
-                Part::Lit(s) => out.push_str(s),
+                Part::Lit(s) => {
+                    fits(&out, s, t.span)?;
+                    out.push_str(s)
+                }
                 Part::Sub(s) => {
                     let v = self.expr(&s.expr)?;
                     if v.is_unknown() {
@@ -149,7 +196,10 @@ impl Scope<'_> {
                         continue;
                     }
                     match v.display_string() {
-                        Some(text) => out.push_str(&text),
+                        Some(text) => {
+                            fits(&out, &text, t.span)?;
+                            out.push_str(&text)
+                        }
                         None => {
                             return Err(EvalError::new(
                                 &codes::INTERPOLATE_COMPLEX,
@@ -164,14 +214,32 @@ impl Scope<'_> {
                 }
             }
         }
-        Ok(if unknown {
-            Value::Unknown
-        } else {
-            Value::Str(out)
-        })
+        if unknown {
+            return Ok(Value::Unknown);
+        }
+        let v = Value::Str(out);
+        self.produced(&v, t.span)?;
+        Ok(v)
+    }
+
+    /// Checks and charges a value just produced at `span`.
+    fn produced(&self, v: &Value, span: Span) -> Result<()> {
+        self.budget
+            .produced(v)
+            .map_err(|e| EvalError::limit(span, &e))
     }
 
     pub fn expr(&self, e: &Expr) -> Result<Value> {
+        let v = self.expr_unchecked(e)?;
+        // A core function's result is checked and charged by the call; accessors after it
+        // copy out a part of it.
+        if !matches!(e.kind, ExprKind::Call { .. }) {
+            self.produced(&v, e.span)?;
+        }
+        Ok(v)
+    }
+
+    fn expr_unchecked(&self, e: &Expr) -> Result<Value> {
         match &e.kind {
             ExprKind::Lit(l) => Ok(match l {
                 Literal::Str(s) => Value::Str(s.clone()),
@@ -225,7 +293,19 @@ impl Scope<'_> {
                 )
             }
             ExprKind::Child(n, path) => match self.children.get(&n.text) {
-                Some(v) => access(v, path, &format!("children.{}", n.text)),
+                Some(v) => {
+                    // A child's sensitive export stays sensitive in what reads it.
+                    if let Some(secret) = self.secret_children.get(&n.text) {
+                        let read_secret = match path.first() {
+                            Some(Accessor::Field(f)) => secret.contains(&f.text),
+                            _ => !secret.is_empty(),
+                        };
+                        if read_secret {
+                            self.touched_secret.set(true);
+                        }
+                    }
+                    access(v, path, &format!("children.{}", n.text))
+                }
                 None => Ok(Value::Unknown),
             },
             ExprKind::Resource {
@@ -382,7 +462,10 @@ impl Scope<'_> {
     }
 
     fn call(&self, e: &Expr, name: &str, args: &[crate::subst::Arg]) -> Result<Value> {
-        let fail = |err: FnError| EvalError::new(&codes::EVALUATION, e.span, err.to_string());
+        let fail = |err: FnError| match &err.limit {
+            Some(limit) => EvalError::new(limit.code(), e.span, err.to_string()),
+            None => EvalError::new(&codes::EVALUATION, e.span, err.to_string()),
+        };
         if crate::functions::core(name).is_none() {
             // A provider function: arguments are evaluated here, the call
             // goes to the plugin that declares it.
@@ -395,7 +478,10 @@ impl Scope<'_> {
                     return Ok(Value::Unknown);
                 }
                 match external.call(name, values) {
-                    Some(Ok(v)) => return Ok(v),
+                    Some(Ok(v)) => {
+                        self.produced(&v, e.span)?;
+                        return Ok(v);
+                    }
                     Some(Err(message)) => {
                         return Err(EvalError::new(
                             &codes::EVALUATION,
@@ -424,7 +510,8 @@ impl Scope<'_> {
                 return Ok(Value::Bool(b));
             }
             let right = self.expr(&args[1].value)?;
-            return call(name, vec![left, right], Vec::new(), self.env).map_err(fail);
+            return call_in(name, vec![left, right], Vec::new(), self.env, self.budget)
+                .map_err(fail);
         }
         // `link` takes resources by name, whether written bare, prefixed or quoted.
         if name == "link" {
@@ -437,7 +524,7 @@ impl Scope<'_> {
                     _ => names.push(self.expr(&a.value)?),
                 }
             }
-            return call(name, names, Vec::new(), self.env).map_err(fail);
+            return call_in(name, names, Vec::new(), self.env, self.budget).map_err(fail);
         }
         let mut positional = Vec::with_capacity(args.len());
         let mut named = Vec::new();
@@ -448,7 +535,7 @@ impl Scope<'_> {
                 _ => positional.push(v),
             }
         }
-        call(name, positional, named, self.env).map_err(fail)
+        call_in(name, positional, named, self.env, self.budget).map_err(fail)
     }
 }
 

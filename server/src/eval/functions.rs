@@ -45,6 +45,7 @@ use std::fmt;
 
 use indexmap::IndexMap;
 
+use super::limits::{Budget, LimitError, VALUE_BYTES, measure_capped, string_bytes};
 use super::value::{Func, Value};
 use crate::functions as signatures;
 
@@ -66,6 +67,8 @@ pub struct FnError {
     /// argument (e.g. the argument count).
     pub position: Option<usize>,
     pub message: String,
+    /// Set when the call ran into an evaluation limit rather than rejecting its input.
+    pub limit: Option<LimitError>,
 }
 
 impl FnError {
@@ -74,6 +77,7 @@ impl FnError {
             function: function.to_owned(),
             position: Some(position),
             message: message.into(),
+            limit: None,
         }
     }
 
@@ -82,6 +86,17 @@ impl FnError {
             function: function.to_owned(),
             position: None,
             message: message.into(),
+            limit: None,
+        }
+    }
+
+    /// `function` ran into an evaluation limit.
+    pub fn limit(function: &str, e: LimitError) -> Self {
+        FnError {
+            function: function.to_owned(),
+            position: None,
+            message: e.to_string(),
+            limit: Some(e),
         }
     }
 }
@@ -116,6 +131,32 @@ pub fn call(
     named: Vec<(String, Value)>,
     env: &Env,
 ) -> Result<Value, FnError> {
+    call_in(name, args, named, env, &Budget::default())
+}
+
+/// [`call`] within an evaluation's [`Budget`]: the result is checked against the size limit
+/// and charged.
+pub fn call_in(
+    name: &str,
+    args: Vec<Value>,
+    named: Vec<(String, Value)>,
+    env: &Env,
+    budget: &Budget,
+) -> Result<Value, FnError> {
+    let result = call_unchecked(name, args, named, env, budget)?;
+    budget
+        .produced(&result)
+        .map_err(|e| FnError::limit(name, e))?;
+    Ok(result)
+}
+
+fn call_unchecked(
+    name: &str,
+    args: Vec<Value>,
+    named: Vec<(String, Value)>,
+    env: &Env,
+    budget: &Budget,
+) -> Result<Value, FnError> {
     let Some(sig) = signatures::core(name) else {
         return Err(FnError::general(name, "unknown function"));
     };
@@ -142,6 +183,7 @@ pub fn call(
         Args {
             function: name,
             values: &args,
+            budget,
         },
         env,
     )
@@ -149,16 +191,21 @@ pub fn call(
 
 /// Applies a function value to arguments.
 pub fn apply(f: &Func, args: Vec<Value>, env: &Env) -> Result<Value, FnError> {
+    apply_in(f, args, env, &Budget::default())
+}
+
+/// [`apply`] within an evaluation's [`Budget`].
+pub fn apply_in(f: &Func, args: Vec<Value>, env: &Env, budget: &Budget) -> Result<Value, FnError> {
     match f {
-        Func::Core(name) => call(name, args, Vec::new(), env),
+        Func::Core(name) => call_in(name, args, Vec::new(), env, budget),
         Func::Partial {
             name,
             args: captured,
-        } => apply_partial(name, captured, args, env),
+        } => apply_partial(name, captured, args, env, budget),
         // compose(f, g)(x) == f(g(x))
-        Func::Compose(fs) => apply_chain("compose", fs.iter().rev(), args, env),
+        Func::Compose(fs) => apply_chain("compose", fs.iter().rev(), args, env, budget),
         // pipe(f, g)(x) == g(f(x))
-        Func::Pipe(fs) => apply_chain("pipe", fs.iter(), args, env),
+        Func::Pipe(fs) => apply_chain("pipe", fs.iter(), args, env, budget),
     }
 }
 
@@ -168,7 +215,7 @@ fn dispatch(a: Args, env: &Env) -> Result<Value, FnError> {
         "jsondecode" => Ok(Value::from_json(&parse_json(&a, 0)?)),
         "len" => len(&a),
         "substr" => substr(&a),
-        "replace" => Ok(Value::Str(a.str(0)?.replace(a.str(1)?, a.str(2)?))),
+        "replace" => replace(&a),
         "trim" => Ok(Value::from(a.str(0)?.trim())),
         "trimprefix" => {
             let s = a.str(0)?;
@@ -258,6 +305,8 @@ fn dispatch(a: Args, env: &Env) -> Result<Value, FnError> {
 struct Args<'v> {
     function: &'static str,
     values: &'v [Value],
+    /// The evaluation's limits: checked before building a result whose size is known early.
+    budget: &'v Budget,
 }
 
 impl<'v> Args<'v> {
@@ -365,10 +414,21 @@ impl<'v> Args<'v> {
     /// Wraps the error of a function applied by a higher-order function
     /// (whose function is argument 2) with the element it was applied to.
     fn element_error(&self, index: usize, inner: FnError) -> FnError {
+        // A limit is the evaluation's, not the element's: keep it as it is.
+        if inner.limit.is_some() {
+            return inner;
+        }
         self.error(
             1,
             format!("applying the function to the element at index {index}: {inner}"),
         )
+    }
+
+    /// Refuses a result of `bytes` before it is built.
+    fn check_size(&self, bytes: u64, what: &str) -> Result<(), FnError> {
+        self.budget
+            .check_size(bytes, || what.to_owned())
+            .map_err(|e| FnError::limit(self.function, e))
     }
 }
 
@@ -389,8 +449,39 @@ fn char_index(s: &str, byte_offset: usize) -> i64 {
 // JSON
 
 fn parse_json(a: &Args, i: usize) -> Result<serde_json::Value, FnError> {
+    let text = a.str(i)?;
+    // A short text can decode to many values (`[0,0,..]`): refuse before decoding one too big.
+    a.check_size(
+        json_values(text).saturating_mul(VALUE_BYTES) + text.len() as u64,
+        "the decoded JSON document",
+    )?;
     // serde_json bounds nesting depth, so hostile input cannot overflow the stack.
-    serde_json::from_str(a.str(i)?).map_err(|e| a.error(i, format!("invalid JSON: {e}")))
+    serde_json::from_str(text).map_err(|e| a.error(i, format!("invalid JSON: {e}")))
+}
+
+/// At most how many values the JSON text `s` decodes to: one, plus one per `,` and `:` and
+/// per opening bracket outside strings (an upper bound that needs no parse).
+fn json_values(s: &str) -> u64 {
+    let mut count = 1u64;
+    let mut in_string = false;
+    let mut escaped = false;
+    for b in s.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' | b':' | b'[' | b'{' => count += 1,
+            _ => {}
+        }
+    }
+    count
 }
 
 fn json_type(json: &serde_json::Value) -> &'static str {
@@ -546,6 +637,16 @@ fn substr(a: &Args) -> Result<Value, FnError> {
 fn split(a: &Args) -> Result<Value, FnError> {
     let s = a.str(0)?;
     let delimiter = a.str(1)?;
+    // Each part costs a value: a long string split finely is many times its size.
+    let count = if delimiter.is_empty() {
+        s.chars().count()
+    } else {
+        s.matches(delimiter).count() + 1
+    } as u64;
+    a.check_size(
+        (count + 1) * VALUE_BYTES + s.len() as u64,
+        &format!("an array of {count} elements"),
+    )?;
     let parts: Vec<Value> = if delimiter.is_empty() {
         // Rather than str::split's leading and trailing empty strings.
         s.chars().map(|c| Value::Str(c.to_string())).collect()
@@ -575,11 +676,28 @@ fn join(a: &Args) -> Result<Value, FnError> {
             }
         }
     }
-    Ok(if unknown {
-        Value::Unknown
+    if unknown {
+        return Ok(Value::Unknown);
+    }
+    let length = parts.iter().map(|p| p.len() as u64).sum::<u64>()
+        + (parts.len().saturating_sub(1) * delimiter.len()) as u64;
+    a.check_size(string_bytes(0) + length, "a string")?;
+    Ok(Value::Str(parts.join(delimiter)))
+}
+
+fn replace(a: &Args) -> Result<Value, FnError> {
+    let s = a.str(0)?;
+    let from = a.str(1)?;
+    let to = a.str(2)?;
+    // Replacing something short by something long multiplies the length: check first.
+    let count = if from.is_empty() {
+        s.chars().count() + 1
     } else {
-        Value::Str(parts.join(delimiter))
-    })
+        s.matches(from).count()
+    } as u64;
+    let length = (s.len() as u64 - count * from.len() as u64) + count * to.len() as u64;
+    a.check_size(string_bytes(0) + length, "a string")?;
+    Ok(Value::Str(s.replace(from, to)))
 }
 
 fn contains(a: &Args) -> Result<Value, FnError> {
@@ -678,6 +796,7 @@ fn apply_chain<'f>(
     mut fs: impl Iterator<Item = &'f Func>,
     args: Vec<Value>,
     env: &Env,
+    budget: &Budget,
 ) -> Result<Value, FnError> {
     let Some(first) = fs.next() else {
         // Composing no functions gives the identity function.
@@ -690,9 +809,9 @@ fn apply_chain<'f>(
             )),
         };
     };
-    let mut value = apply(first, args, env)?;
+    let mut value = apply_in(first, args, env, budget)?;
     for f in fs {
-        value = apply(f, vec![value], env)?;
+        value = apply_in(f, vec![value], env, budget)?;
     }
     Ok(value)
 }
@@ -702,6 +821,7 @@ fn apply_partial(
     captured: &[Value],
     args: Vec<Value>,
     env: &Env,
+    budget: &Budget,
 ) -> Result<Value, FnError> {
     let count = args.len();
     let Ok([input]) = <[Value; 1]>::try_from(args) else {
@@ -752,7 +872,7 @@ fn apply_partial(
                 let mut all = Vec::with_capacity(captured.len() + 1);
                 all.push(input);
                 all.extend(captured.iter().cloned());
-                call(base, all, Vec::new(), env)
+                call_in(base, all, Vec::new(), env, budget)
             }
             _ => Err(FnError::general(
                 name,
@@ -767,12 +887,17 @@ fn map(a: &Args, env: &Env) -> Result<Value, FnError> {
     let f = a.func(1)?;
     let with_index = takes_index(f, 1);
     let mut out = Vec::with_capacity(items.len());
+    // Each result may be larger than its element: the list is checked as it grows.
+    let mut size = VALUE_BYTES;
     for (i, item) in items.iter().enumerate() {
         let mut call_args = vec![item.clone()];
         if with_index {
             call_args.push(Value::Int(to_int(i)));
         }
-        out.push(apply(f, call_args, env).map_err(|e| a.element_error(i, e))?);
+        let mapped = apply_in(f, call_args, env, a.budget).map_err(|e| a.element_error(i, e))?;
+        size += measure_capped(&mapped, a.budget.limits().max_value_bytes);
+        a.check_size(size, &format!("an array of more than {i} elements"))?;
+        out.push(mapped);
     }
     Ok(Value::List(out))
 }
@@ -785,7 +910,9 @@ fn filter(a: &Args, env: &Env) -> Result<Value, FnError> {
     // are still checked so that errors surface at plan time.
     let mut unknown = false;
     for (i, item) in items.iter().enumerate() {
-        match apply(predicate, vec![item.clone()], env).map_err(|e| a.element_error(i, e))? {
+        match apply_in(predicate, vec![item.clone()], env, a.budget)
+            .map_err(|e| a.element_error(i, e))?
+        {
             Value::Bool(true) => out.push(item.clone()),
             Value::Bool(false) => {}
             Value::Unknown => unknown = true,
@@ -817,7 +944,7 @@ fn reduce(a: &Args, env: &Env) -> Result<Value, FnError> {
         if with_index {
             call_args.push(Value::Int(to_int(i)));
         }
-        accumulator = apply(f, call_args, env).map_err(|e| a.element_error(i, e))?;
+        accumulator = apply_in(f, call_args, env, a.budget).map_err(|e| a.element_error(i, e))?;
     }
     Ok(accumulator)
 }
@@ -827,8 +954,13 @@ fn sort(a: &Args, env: &Env) -> Result<Value, FnError> {
     let compare = a.func(1)?;
     let mut unknown = false;
     let mut compare_values = |x: &Value, y: &Value| -> Result<Ordering, FnError> {
-        match apply(compare, vec![x.clone(), y.clone()], env)
-            .map_err(|e| a.error(1, e.to_string()))?
+        match apply_in(compare, vec![x.clone(), y.clone()], env, a.budget).map_err(|e| {
+            if e.limit.is_some() {
+                e
+            } else {
+                a.error(1, e.to_string())
+            }
+        })?
         {
             Value::Int(n) => Ok(n.cmp(&0)),
             Value::Unknown => {
@@ -890,13 +1022,20 @@ fn flatmap(a: &Args, env: &Env) -> Result<Value, FnError> {
     // An unknown result hides how many elements it contributes, so it makes
     // the whole result unknown.
     let mut unknown = false;
+    let mut size = VALUE_BYTES;
     for (i, item) in items.iter().enumerate() {
         let mut call_args = vec![item.clone()];
         if with_index {
             call_args.push(Value::Int(to_int(i)));
         }
-        match apply(f, call_args, env).map_err(|e| a.element_error(i, e))? {
-            Value::List(mapped) => out.extend(mapped),
+        match apply_in(f, call_args, env, a.budget).map_err(|e| a.element_error(i, e))? {
+            Value::List(mapped) => {
+                // Only the elements are kept, not the list holding them.
+                let cap = a.budget.limits().max_value_bytes;
+                size += mapped.iter().map(|m| measure_capped(m, cap)).sum::<u64>();
+                a.check_size(size, &format!("an array of more than {} elements", out.len()))?;
+                out.extend(mapped)
+            }
             Value::Unknown => unknown = true,
             other => {
                 return Err(a.error(

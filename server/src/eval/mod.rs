@@ -9,11 +9,13 @@
 //! - [`blueprint`]: variables, values in dependency order, `each` expansion,
 //!   conditions.
 //! - [`console`]: `trellis eval` as a library.
+//! - [`limits`]: bounds on value sizes, resources and total work per evaluation.
 //! - [`render`]: printing values with unknowns and secrets masked.
 
 pub mod blueprint;
 pub mod console;
 pub mod expr;
 pub mod functions;
+pub mod limits;
 pub mod render;
 pub mod value;

@@ -237,7 +237,7 @@ impl fmt::Display for PluginError {
                 last_error,
             } => write!(
                 f,
-                "plugin `{plugin}` is disabled after {crashes} failures within {}s (circuit breaker open; \
+                "plugin `{plugin}` is disabled after {crashes} failures in a row or within {}s (circuit breaker open; \
                  next attempt allowed in {:.1}s); last failure: {last_error}",
                 window.as_secs(),
                 retry_in.as_secs_f64()

@@ -181,6 +181,9 @@ struct Health {
     launches: u64,
     crashes: u64,
     last_exit: Option<String>,
+    /// When a launch waiting out its backoff will start (callers queued behind it whose
+    /// deadline comes first fail at once instead of waiting for nothing).
+    next_start: Option<Instant>,
 }
 
 /// What [`super::PluginHost::status`] reports per plugin.
@@ -272,15 +275,26 @@ impl Slot {
         if let Some(i) = self.live() {
             return Ok(i);
         }
-        let deadline_exceeded = || PluginError::DeadlineExceeded {
-            plugin: self.binary.name.clone(),
-            call: format!("{call} (waiting for the plugin to start)"),
-            deadline: deadline.saturating_duration_since(tokio::time::Instant::now()),
+        // The budget this wait had, for the message: measured at the end it would read 0 s.
+        let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let deadline_exceeded = || {
+            // Waiting behind a restart of a failing plugin: say so, with its last failure.
+            self.restarting(None)
+                .unwrap_or_else(|| PluginError::DeadlineExceeded {
+                    plugin: self.binary.name.clone(),
+                    call: format!("{call} (waiting for the plugin to start)"),
+                    deadline: budget,
+                })
         };
         if self.shared.is_shutting_down() {
             return Err(PluginError::ShutDown {
                 plugin: self.binary.name.clone(),
             });
+        }
+        // A launch is waiting out its backoff (or the breaker is open) past this caller's
+        // deadline: fail now rather than queue for the launch lock until the deadline.
+        if let Some(e) = self.restarting(Some(deadline.into_std())) {
+            return Err(e);
         }
         let guard = tokio::time::timeout_at(deadline, self.launch.clone().lock_owned())
             .await
@@ -300,6 +314,7 @@ impl Slot {
                 );
                 tokio::time::sleep(wait).await;
             }
+            lock(&slot.health).next_start = None;
             slot.launch_and_install().await
         });
         match tokio::time::timeout_at(deadline, task).await {
@@ -312,6 +327,36 @@ impl Slot {
         }
     }
 
+    /// Why a caller should not wait for a launch, if the plugin is failing: the breaker is
+    /// open, or (given the caller's `deadline`) a launch is scheduled after it. Without a
+    /// deadline (the caller's has passed), any launch still waiting out its backoff.
+    fn restarting(&self, deadline: Option<Instant>) -> Option<PluginError> {
+        let cfg = &self.shared.config;
+        let h = lock(&self.health);
+        let now = Instant::now();
+        if let Some(until) = h.open_until.filter(|u| *u > now) {
+            return Some(PluginError::CircuitOpen {
+                plugin: self.binary.name.clone(),
+                crashes: h.failures.len().max(h.consecutive as usize),
+                window: cfg.breaker.window,
+                retry_in: until - now,
+                last_error: h.last_error.clone(),
+            });
+        }
+        let failing = match (deadline, h.next_start) {
+            (Some(deadline), Some(at)) => at > deadline,
+            (Some(_), None) => false,
+            (None, at) => at.is_some(),
+        };
+        failing.then(|| PluginError::Restarting {
+            plugin: self.binary.name.clone(),
+            retry_in: h
+                .next_start
+                .map_or(Duration::ZERO, |at| at.saturating_duration_since(now)),
+            last_error: h.last_error.clone(),
+        })
+    }
+
     /// Breaker and backoff: how long to wait before the next launch, or why
     /// not to launch now.
     fn admit(&self, deadline: Instant) -> Result<Duration, PluginError> {
@@ -322,7 +367,7 @@ impl Slot {
             if now < until {
                 return Err(PluginError::CircuitOpen {
                     plugin: self.binary.name.clone(),
-                    crashes: h.failures.len(),
+                    crashes: h.failures.len().max(h.consecutive as usize),
                     window: cfg.breaker.window,
                     retry_in: until - now,
                     last_error: h.last_error.clone(),
@@ -348,6 +393,7 @@ impl Slot {
                 last_error: h.last_error.clone(),
             });
         }
+        h.next_start = Some(ready_at);
         Ok(ready_at - now)
     }
 
@@ -369,7 +415,13 @@ impl Slot {
         };
         h.last_failure = Some(now);
         h.last_error = message.to_owned();
-        if h.half_open || h.failures.len() >= cfg.breaker.max_failures {
+        // Consecutive failures count too: the restart backoff grows (to 30 s by default), and
+        // failures spaced by it would never fill the window, leaving a crash loop to stall
+        // every caller behind ever longer backoffs instead of failing fast.
+        if h.half_open
+            || h.failures.len() >= cfg.breaker.max_failures
+            || h.consecutive as usize >= cfg.breaker.max_failures
+        {
             h.half_open = false;
             h.open_until = Some(now + cfg.breaker.cooldown);
             tracing::error!(
@@ -977,6 +1029,8 @@ async fn read_stderr(
     if let Ok(stderr) = tokio::process::ChildStderr::from_std(stderr) {
         let mut reader = BufReader::new(stderr);
         while let Ok(Some(line)) = read_line_bounded(&mut reader, MAX_LINE_BYTES).await {
+            // A plugin may log what it was sent: secrets of running operations are cut.
+            let line = crate::redact::scrub(&line);
             proc.tail.push(&line);
             log_line(&plugin, "stderr", &line);
         }
@@ -986,7 +1040,7 @@ async fn read_stderr(
 
 async fn log_stdout(plugin: String, mut reader: StdoutReader) {
     while let Ok(Some(line)) = read_line_bounded(&mut reader, MAX_LINE_BYTES).await {
-        log_line(&plugin, "stdout", &line);
+        log_line(&plugin, "stdout", &crate::redact::scrub(&line));
     }
 }
 

@@ -41,6 +41,11 @@ fn status(e: EngineError) -> Status {
     match e {
         EngineError::NotFound(m) => Status::not_found(m),
         EngineError::InvalidArgument(m) => Status::invalid_argument(m),
+        // The diagnostics go in a response where there is one (CreateChangeSet): a status
+        // travels in HTTP/2 trailers, where hundreds of rendered diagnostics do not fit.
+        EngineError::InvalidBlueprint { diagnostics, .. } => {
+            Status::invalid_argument(invalid_summary(&diagnostics))
+        }
         EngineError::FailedPrecondition(m) => Status::failed_precondition(m),
         EngineError::Aborted(m) => Status::aborted(m),
         EngineError::AlreadyExists(m) => Status::already_exists(m),
@@ -48,6 +53,33 @@ fn status(e: EngineError) -> Status {
         EngineError::Unavailable(m) => Status::unavailable(m),
         EngineError::Internal(m) => Status::internal(m),
     }
+}
+
+/// "the blueprint has 3 errors" (and the first), one line however many there are.
+pub fn invalid_summary(diagnostics: &[Json]) -> String {
+    let errors: Vec<&Json> = diagnostics
+        .iter()
+        .filter(|d| d.get("severity").and_then(Json::as_str) == Some("error"))
+        .collect();
+    let n = errors.len();
+    let mut out = format!(
+        "the blueprint has {n} error{}",
+        if n == 1 { "" } else { "s" }
+    );
+    if let Some(first) = errors.first() {
+        let d = diagnostic(first);
+        let mut message: String = d.message.chars().take(200).collect();
+        if message.len() < d.message.len() {
+            message.push_str("...");
+        }
+        let at = if d.line > 0 {
+            format!(" at {}:{}:{}", d.file, d.line, d.column)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!("; first: error[{}]{at}: {message}", d.code));
+    }
+    out
 }
 
 fn state_status(e: StateError) -> Status {
@@ -69,6 +101,61 @@ fn source(s: Option<api::BlueprintSource>) -> Result<Source, Status> {
         None => Err(Status::invalid_argument(
             "a blueprint source (inline or path) is required",
         )),
+    }
+}
+
+/// Longest instance name, in characters (a child's is `<parent>/<include>`, so there is room).
+pub const MAX_INSTANCE_NAME_CHARS: usize = 200;
+
+/// Why `name` cannot name a new instance, if it cannot. Names are shown in tables, logs and
+/// terminals: characters that move the cursor, break lines or reorder text (control and
+/// bidirectional-formatting characters), invisible ones, and edge whitespace could make one
+/// name pass for another or forge rows.
+pub fn instance_name_problem(name: &str) -> Option<String> {
+    let shown = format!("{:?}", name.chars().take(60).collect::<String>());
+    let count = name.chars().count();
+    if name.is_empty() {
+        return Some("an instance name is required".into());
+    }
+    if count > MAX_INSTANCE_NAME_CHARS {
+        return Some(format!(
+            "instance name {shown}... is {count} characters long; at most \
+             {MAX_INSTANCE_NAME_CHARS} are allowed"
+        ));
+    }
+    if let Some(c) = name.chars().find(|&c| unprintable(c)) {
+        return Some(format!(
+            "instance name {shown} contains {:?} (U+{:04X}): control, line-breaking, invisible \
+             and text-direction characters are not allowed in instance names",
+            c, c as u32
+        ));
+    }
+    if name.starts_with(char::is_whitespace) || name.ends_with(char::is_whitespace) {
+        return Some(format!(
+            "instance name {shown} starts or ends with whitespace, which is not allowed"
+        ));
+    }
+    None
+}
+
+/// Control characters (C0, DEL, C1: newline, tab, ESC...), line and paragraph separators,
+/// zero-width and bidirectional formatting characters, and the byte-order mark.
+fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{200B}'..='\u{200F}'   // zero-width space/joiners, LRM, RLM
+            | '\u{2028}'..='\u{202E}' // line/paragraph separators, bidi embeddings/overrides
+            | '\u{2060}'..='\u{2069}' // word joiner, invisible operators, bidi isolates
+            | '\u{FEFF}'
+            | '\u{061C}'              // Arabic letter mark
+            | '\u{00AD}'              // soft hyphen
+        )
+}
+
+fn check_instance_name(name: &str) -> Result<(), Status> {
+    match instance_name_problem(name) {
+        Some(why) => Err(Status::invalid_argument(why)),
+        None => Ok(()),
     }
 }
 
@@ -183,7 +270,7 @@ fn child_change(c: &ChildPlan) -> api::ChildChange {
                 name: e.name.clone(),
                 action: action(e.action) as i32,
                 previous: e.previous.as_ref().map(shown),
-                new: e.new.as_ref().map(shown),
+                new: e.shown_new().as_ref().map(shown),
             })
             .collect(),
         children: c.plan.children.iter().map(child_change).collect(),
@@ -263,16 +350,40 @@ fn instance_summary(i: &state::Instance) -> api::Instance {
     }
 }
 
-fn export(e: &state::Export) -> api::Export {
-    api::Export {
-        name: e.name.clone(),
-        r#type: e.export_type.clone(),
-        value: Some(state_values::to_api(&e.value)),
+/// A stored value for an answer: secrets masked, or with `reveal` sent with their values (and
+/// the `sensitive` flag).
+fn stored_value(v: &Json, reveal: bool) -> pb::Value {
+    if reveal {
+        state_values::to_pb(v)
+    } else {
+        state_values::to_api(v)
     }
 }
 
-pub fn instance(s: &state::InstanceState) -> api::Instance {
+fn export(e: &state::Export, reveal: bool) -> api::Export {
+    api::Export {
+        name: e.name.clone(),
+        r#type: e.export_type.clone(),
+        value: Some(stored_value(&e.value, reveal)),
+    }
+}
+
+/// An instance's whole state; secrets masked unless `reveal`.
+pub fn instance(s: &state::InstanceState, reveal: bool) -> api::Instance {
     let mut out = instance_summary(&s.instance);
+    // An external id is a plain text, but a provider may build it from a secret (a path):
+    // it is masked when it quotes a secret the instance records.
+    let secrets = if reveal {
+        Vec::new()
+    } else {
+        state_values::instance_secrets(s)
+    };
+    let external_id = |id: &Option<String>| match id {
+        Some(id) if crate::redact::mentions_secret(id, &secrets) => {
+            crate::eval::render::SENSITIVE_TEXT.to_owned()
+        }
+        other => other.clone().unwrap_or_default(),
+    };
     out.resources = s
         .resources
         .iter()
@@ -280,9 +391,9 @@ pub fn instance(s: &state::InstanceState) -> api::Instance {
             name: r.name.clone(),
             resource_type: r.resource_type.clone(),
             status: resource_status(r.status) as i32,
-            spec: Some(state_values::to_api(&r.spec)),
-            state: r.state.as_ref().map(state_values::to_api),
-            external_id: r.external_id.clone().unwrap_or_default(),
+            spec: Some(stored_value(&r.spec, reveal)),
+            state: r.state.as_ref().map(|v| stored_value(v, reveal)),
+            external_id: external_id(&r.external_id),
             failure_reason: r.failure_reason.clone().unwrap_or_default(),
             depends_on: r.depends_on.clone(),
             updated_at_unix_ms: r.updated_at.as_millis(),
@@ -296,9 +407,10 @@ pub fn instance(s: &state::InstanceState) -> api::Instance {
             resource_b: l.resource_b.clone(),
             link_type: l.link_type.clone(),
             status: resource_status(l.status) as i32,
-            data: Some(state_values::to_api(&crate::engine::links::link_data(
-                &l.data,
-            ))),
+            data: Some(stored_value(
+                &crate::engine::links::link_data(&l.data),
+                reveal,
+            )),
         })
         .collect();
     out.children = s
@@ -309,7 +421,7 @@ pub fn instance(s: &state::InstanceState) -> api::Instance {
             instance_id: c.child_instance_id.clone(),
         })
         .collect();
-    out.exports = s.exports.iter().map(export).collect();
+    out.exports = s.exports.iter().map(|e| export(e, reveal)).collect();
     out
 }
 
@@ -403,7 +515,7 @@ fn is_terminal_for(e: &state::Event, op: &str) -> bool {
 /// Streams events after `after_seq`: from the store, then as they are committed, with
 /// heartbeats while idle. The sequence numbers make a resumed stream exact.
 fn watch(
-    store: Arc<dyn state::StateStore>,
+    engine: Arc<Engine>,
     instance_id: String,
     after_seq: u64,
     what: Watch,
@@ -411,6 +523,7 @@ fn watch(
 ) -> WatchStream {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<api::WatchResponse, Status>>(256);
     tokio::spawn(async move {
+        let store = engine.store().clone();
         let mut seq = after_seq;
         let mut sub = store.subscribe(&instance_id);
         let mut ended_seen = false;
@@ -430,9 +543,10 @@ fn watch(
                 // operation): end when the operation is over and nothing is left to send. The
                 // status is read after the events, so one more read of the events follows before
                 // giving up: the operation may have ended (status and event in one commit)
-                // between the two reads.
+                // between the two reads. An ending the store refused to record counts too
+                // (the engine keeps it until it is recorded).
                 if let Watch::Operation(op) = &what
-                    && store
+                    && engine
                         .get_operation(op)
                         .await
                         .is_ok_and(|o| o.status.is_terminal())
@@ -522,7 +636,9 @@ impl api::engine_server::Engine for EngineApi {
         req: Request<api::CreateChangeSetRequest>,
     ) -> Result<Response<api::ChangeSet>, Status> {
         let r = req.into_inner();
-        let v = self
+        // Only a plan creates instances; the other calls find existing ones by name.
+        check_instance_name(&r.instance)?;
+        let planned = self
             .engine
             .create_change_set(
                 &r.request_id,
@@ -530,9 +646,21 @@ impl api::engine_server::Engine for EngineApi {
                 source(r.source)?,
                 variables(r.variables),
             )
-            .await
-            .map_err(status)?;
-        Ok(Response::new(change_set(&v)))
+            .await;
+        match planned {
+            Ok(v) => Ok(Response::new(change_set(&v))),
+            // An answer, not an error: every diagnostic reaches every client (docs/engine-api.md).
+            Err(EngineError::InvalidBlueprint { diagnostics, .. }) => {
+                Ok(Response::new(api::ChangeSet {
+                    instance: r.instance,
+                    status: api::ChangeSetStatus::Invalid as i32,
+                    summary: invalid_summary(&diagnostics),
+                    diagnostics: diagnostics.iter().map(diagnostic).collect(),
+                    ..Default::default()
+                }))
+            }
+            Err(e) => Err(status(e)),
+        }
     }
 
     async fn get_change_set(
@@ -591,12 +719,13 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::GetInstanceRequest>,
     ) -> Result<Response<api::Instance>, Status> {
+        let r = req.into_inner();
         let s = self
             .engine
-            .get_instance(&req.into_inner().instance)
+            .get_instance(&r.instance)
             .await
             .map_err(status)?;
-        Ok(Response::new(instance(&s)))
+        Ok(Response::new(instance(&s, r.reveal_secrets)))
     }
 
     async fn list_instances(
@@ -613,13 +742,18 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::GetExportsRequest>,
     ) -> Result<Response<api::GetExportsResponse>, Status> {
+        let r = req.into_inner();
         let s = self
             .engine
-            .get_instance(&req.into_inner().instance)
+            .get_instance(&r.instance)
             .await
             .map_err(status)?;
         Ok(Response::new(api::GetExportsResponse {
-            exports: s.exports.iter().map(export).collect(),
+            exports: s
+                .exports
+                .iter()
+                .map(|e| export(e, r.reveal_secrets))
+                .collect(),
         }))
     }
 
@@ -665,7 +799,7 @@ impl api::engine_server::Engine for EngineApi {
         // after that unless retention already removed them).
         let after = r.after_seq.max(inst.pruned_through);
         Ok(Response::new(watch(
-            store,
+            self.engine.clone(),
             op.instance_id,
             after,
             Watch::Operation(op.id),
@@ -680,7 +814,7 @@ impl api::engine_server::Engine for EngineApi {
         let r = req.into_inner();
         let id = self.engine.instance_id(&r.instance).await.map_err(status)?;
         Ok(Response::new(watch(
-            self.engine.store().clone(),
+            self.engine.clone(),
             id,
             r.after_seq,
             Watch::Instance { follow: r.follow },
@@ -747,5 +881,49 @@ impl EngineApi {
             .await
             .map_err(status)?;
         Ok(Response::new(operation(&op, &name, 0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_names() {
+        for ok in ["app", "app-prod_2", "team/app", "ünïcode 名前", "a b"] {
+            assert_eq!(instance_name_problem(ok), None, "{ok:?}");
+        }
+        for (bad, why) in [
+            ("", "required"),
+            ("app\nfake DEPLOYED", "'\\n' (U+000A)"),
+            ("app\tx", "'\\t' (U+0009)"),
+            ("\u{1b}[31mred", "'\\u{1b}' (U+001B)"),
+            ("app\u{7f}", "(U+007F)"),
+            ("app\u{85}", "(U+0085)"),
+            ("evil\u{202E}gpj", "(U+202E)"),
+            ("a\u{200B}pp", "(U+200B)"),
+            ("app\u{2028}x", "(U+2028)"),
+            (" app", "whitespace"),
+            ("app ", "whitespace"),
+        ] {
+            let problem = instance_name_problem(bad).unwrap_or_default();
+            assert!(problem.contains(why), "{bad:?}: {problem}");
+            // The message never carries the raw character to a terminal.
+            assert!(
+                !problem.contains(['\n', '\t', '\u{1b}', '\u{202E}']),
+                "{problem}"
+            );
+        }
+        let long = "a".repeat(MAX_INSTANCE_NAME_CHARS + 1);
+        let problem = instance_name_problem(&long).unwrap();
+        assert!(problem.contains("at most 200"), "{problem}");
+        assert!(
+            problem.len() < 200,
+            "the message shows a prefix of the name"
+        );
+        assert_eq!(
+            instance_name_problem(&"a".repeat(MAX_INSTANCE_NAME_CHARS)),
+            None
+        );
     }
 }

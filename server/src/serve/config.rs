@@ -33,6 +33,13 @@ pub const DEFAULT_MAX_INCLUDE_BYTES: u64 = 1024 * 1024;
 pub const DEFAULT_MAX_INPUT_SIZE: usize = crate::document::DEFAULT_MAX_INPUT_BYTES;
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 pub const DEFAULT_EVENT_RETENTION_DAYS: u32 = 30;
+/// Connections: well under the usual descriptor limit of 1024, which plugins and the state
+/// store share.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -123,6 +130,17 @@ pub struct ServeArgs {
     /// Largest blueprint or variables file accepted, in bytes (default 10 MiB).
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE")]
     pub max_input_size: Option<usize>,
+    /// Largest string, array or object one expression of a blueprint may produce, in bytes
+    /// (default 8 MiB).
+    #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_VALUE_BYTES")]
+    pub max_value_bytes: Option<u64>,
+    /// Most resources one blueprint may have after `each` expansion (default 20000).
+    #[arg(long, value_name = "N", env = "TRELLIS_MAX_RESOURCES")]
+    pub max_resources: Option<usize>,
+    /// Most bytes of values evaluating one request's blueprint may produce in total
+    /// (default 1 GiB).
+    #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_EVAL_BYTES")]
+    pub max_eval_bytes: Option<u64>,
     /// How long a deployment's lease on an instance lasts without a heartbeat before another
     /// engine may take the instance over: seconds or a duration like `45s` (default 30s).
     #[arg(long, value_name = "SECONDS", env = "TRELLIS_LEASE_TTL", value_parser = parse_duration)]
@@ -130,6 +148,25 @@ pub struct ServeArgs {
     /// Days of deployment events and finished change sets to keep (default 30).
     #[arg(long, value_name = "DAYS", env = "TRELLIS_EVENT_RETENTION_DAYS")]
     pub event_retention_days: Option<u32>,
+    /// Most client connections open at once; at the limit, new connections wait until one
+    /// closes (default 512).
+    #[arg(long, value_name = "N", env = "TRELLIS_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Close a connection that has had no request in flight for this long: a duration like
+    /// `30s` or `5m`; 0 never closes idle connections (default 5m).
+    #[arg(long, value_name = "SECONDS", env = "TRELLIS_IDLE_TIMEOUT", value_parser = parse_duration)]
+    pub idle_timeout: Option<Duration>,
+    /// How often an HTTP/2 ping checks a connection the client is silent on; 0 sends none
+    /// (default 60s).
+    #[arg(long, value_name = "SECONDS", env = "TRELLIS_HTTP2_KEEPALIVE_INTERVAL", value_parser = parse_duration)]
+    pub http2_keepalive_interval: Option<Duration>,
+    /// How long a ping may go unanswered before the connection is closed (default 20s).
+    #[arg(long, value_name = "SECONDS", env = "TRELLIS_HTTP2_KEEPALIVE_TIMEOUT", value_parser = parse_duration)]
+    pub http2_keepalive_timeout: Option<Duration>,
+    /// TCP keepalive: probes after this long without traffic, then at this interval; 0 turns
+    /// them off (default 60s).
+    #[arg(long, value_name = "SECONDS", env = "TRELLIS_TCP_KEEPALIVE", value_parser = parse_duration)]
+    pub tcp_keepalive: Option<Duration>,
 }
 
 /// The settings of a running engine, validated, with every path absolute.
@@ -155,8 +192,22 @@ pub struct ServeConfig {
     /// Serve the engine API over TLS (TCP only).
     pub tls: Option<TlsIdentity>,
     pub max_input_size: usize,
+    /// Bounds on evaluation (`max-value-bytes`, `max-resources`, `max-eval-bytes`).
+    pub eval_limits: crate::eval::limits::Limits,
     pub lease_ttl: Duration,
     pub event_retention: Duration,
+    /// Connection limit, idle timeout and keepalive (docs/serve.md, "Connections").
+    pub connections: ConnectionSettings,
+}
+
+/// How the engine treats client connections. `None` turns a timer off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    pub max_connections: usize,
+    pub idle_timeout: Option<Duration>,
+    pub http2_keepalive_interval: Option<Duration>,
+    pub http2_keepalive_timeout: Duration,
+    pub tcp_keepalive: Option<Duration>,
 }
 
 /// The engine's TLS certificate chain and key, read and checked (they parse and match).
@@ -239,10 +290,26 @@ struct FileSettings {
     tls_key: Option<PathBuf>,
     #[serde(alias = "max_input_size")]
     max_input_size: Option<usize>,
+    #[serde(alias = "max_value_bytes")]
+    max_value_bytes: Option<u64>,
+    #[serde(alias = "max_resources")]
+    max_resources: Option<usize>,
+    #[serde(alias = "max_eval_bytes")]
+    max_eval_bytes: Option<u64>,
     #[serde(alias = "lease_ttl")]
     lease_ttl: Option<FileDuration>,
     #[serde(alias = "event_retention_days")]
     event_retention_days: Option<u32>,
+    #[serde(alias = "max_connections")]
+    max_connections: Option<usize>,
+    #[serde(alias = "idle_timeout")]
+    idle_timeout: Option<FileDuration>,
+    #[serde(alias = "http2_keepalive_interval")]
+    http2_keepalive_interval: Option<FileDuration>,
+    #[serde(alias = "http2_keepalive_timeout")]
+    http2_keepalive_timeout: Option<FileDuration>,
+    #[serde(alias = "tcp_keepalive")]
+    tcp_keepalive: Option<FileDuration>,
 }
 
 /// A duration in the file: an integer number of seconds or a string such as `"2m"`.
@@ -474,6 +541,36 @@ impl ServeArgs {
         );
         at_least_one(max_input_size as u64, origin, "max-input-size")?;
 
+        let eval_limits = {
+            use crate::eval::limits as l;
+            let (max_value_bytes, origin) = layer_or(
+                self.max_value_bytes,
+                settings.max_value_bytes,
+                file,
+                l::DEFAULT_MAX_VALUE_BYTES,
+            );
+            at_least_one(max_value_bytes, origin, "max-value-bytes")?;
+            let (max_resources, origin) = layer_or(
+                self.max_resources,
+                settings.max_resources,
+                file,
+                l::DEFAULT_MAX_RESOURCES,
+            );
+            at_least_one(max_resources as u64, origin, "max-resources")?;
+            let (max_eval_bytes, origin) = layer_or(
+                self.max_eval_bytes,
+                settings.max_eval_bytes,
+                file,
+                l::DEFAULT_MAX_EVAL_BYTES,
+            );
+            at_least_one(max_eval_bytes, origin, "max-eval-bytes")?;
+            l::Limits {
+                max_value_bytes,
+                max_resources,
+                max_eval_bytes,
+            }
+        };
+
         let (lease_ttl, origin) = layer_or(
             self.lease_ttl,
             settings.lease_ttl.map(|d| d.0),
@@ -492,6 +589,53 @@ impl ServeArgs {
         );
         at_least_one(retention_days.into(), origin, "event-retention-days")?;
 
+        let (max_connections, origin) = layer_or(
+            self.max_connections,
+            settings.max_connections,
+            file,
+            DEFAULT_MAX_CONNECTIONS,
+        );
+        at_least_one(max_connections as u64, origin, "max-connections")?;
+        // 0 turns a timer off.
+        let timer = |d: Duration| (!d.is_zero()).then_some(d);
+        let (idle_timeout, _) = layer_or(
+            self.idle_timeout,
+            settings.idle_timeout.map(|d| d.0),
+            file,
+            DEFAULT_IDLE_TIMEOUT,
+        );
+        let (http2_keepalive_interval, _) = layer_or(
+            self.http2_keepalive_interval,
+            settings.http2_keepalive_interval.map(|d| d.0),
+            file,
+            DEFAULT_HTTP2_KEEPALIVE_INTERVAL,
+        );
+        let (http2_keepalive_timeout, origin) = layer_or(
+            self.http2_keepalive_timeout,
+            settings.http2_keepalive_timeout.map(|d| d.0),
+            file,
+            DEFAULT_HTTP2_KEEPALIVE_TIMEOUT,
+        );
+        if http2_keepalive_timeout.is_zero() {
+            return Err(origin.error("http2-keepalive-timeout", "must be longer than 0"));
+        }
+        let (tcp_keepalive, origin) = layer_or(
+            self.tcp_keepalive,
+            settings.tcp_keepalive.map(|d| d.0),
+            file,
+            DEFAULT_TCP_KEEPALIVE,
+        );
+        if !tcp_keepalive.is_zero() && tcp_keepalive < Duration::from_secs(1) {
+            return Err(origin.error("tcp-keepalive", "must be 0 (off) or at least 1s"));
+        }
+        let connections = ConnectionSettings {
+            max_connections,
+            idle_timeout: timer(idle_timeout),
+            http2_keepalive_interval: timer(http2_keepalive_interval),
+            http2_keepalive_timeout,
+            tcp_keepalive: timer(tcp_keepalive),
+        };
+
         Ok(ServeConfig {
             listen,
             data_dir,
@@ -507,8 +651,10 @@ impl ServeArgs {
             include_ca_certs,
             tls,
             max_input_size,
+            eval_limits,
             lease_ttl,
             event_retention: DAY * retention_days,
+            connections,
         })
     }
 }
@@ -1256,6 +1402,47 @@ listen = "unix:run/engine.sock"
     }
 
     #[test]
+    fn evaluation_limits() {
+        use crate::eval::limits::Limits;
+        assert_eq!(
+            ServeArgs::default().resolve().unwrap().eval_limits,
+            Limits::default()
+        );
+        let dir = TestDir::new("config-eval-limits");
+        let path = write_config(
+            &dir,
+            "max-value-bytes = 1024\nmax_resources = 50\nmax-eval-bytes = 65536\n",
+        );
+        assert_eq!(
+            with_config(&path).resolve().unwrap().eval_limits,
+            Limits {
+                max_value_bytes: 1024,
+                max_resources: 50,
+                max_eval_bytes: 65536,
+            }
+        );
+        // A flag (or its environment variable) wins over the file.
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--max-resources",
+            "7",
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .unwrap();
+        let merged = cli.serve.resolve().unwrap().eval_limits;
+        assert_eq!((merged.max_resources, merged.max_value_bytes), (7, 1024));
+        let err = resolve_err(ServeArgs {
+            max_eval_bytes: Some(0),
+            ..ServeArgs::default()
+        });
+        assert_eq!(
+            err,
+            "--max-eval-bytes (or TRELLIS_MAX_EVAL_BYTES): must be at least 1, got 0"
+        );
+    }
+
+    #[test]
     fn durations() {
         let ok = |text: &str| parse_duration(text).unwrap();
         assert_eq!(ok("30"), Duration::from_secs(30));
@@ -1279,6 +1466,72 @@ listen = "unix:run/engine.sock"
         config.log_level = "trellis=loud".into();
         let err = init_logging(&config).unwrap_err();
         assert!(err.contains("not a log filter"), "{err}");
+    }
+
+    #[test]
+    fn connection_settings() {
+        let defaults = ServeArgs::default().resolve().unwrap().connections;
+        assert_eq!(
+            defaults,
+            ConnectionSettings {
+                max_connections: 512,
+                idle_timeout: Some(Duration::from_secs(300)),
+                http2_keepalive_interval: Some(Duration::from_secs(60)),
+                http2_keepalive_timeout: Duration::from_secs(20),
+                tcp_keepalive: Some(Duration::from_secs(60)),
+            }
+        );
+        let dir = TestDir::new("config-connections");
+        let path = write_config(
+            &dir,
+            "max-connections = 8\nidle_timeout = \"90s\"\nhttp2-keepalive-interval = 0\n\
+             http2-keepalive-timeout = 5\ntcp-keepalive = \"0\"\n",
+        );
+        let from_file = with_config(&path).resolve().unwrap().connections;
+        assert_eq!(
+            from_file,
+            ConnectionSettings {
+                max_connections: 8,
+                idle_timeout: Some(Duration::from_secs(90)),
+                http2_keepalive_interval: None,
+                http2_keepalive_timeout: Duration::from_secs(5),
+                tcp_keepalive: None,
+            }
+        );
+        // A flag (or its environment variable) wins over the file.
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--max-connections",
+            "3",
+            "--idle-timeout",
+            "0",
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .unwrap();
+        let merged = cli.serve.resolve().unwrap().connections;
+        assert_eq!(merged.max_connections, 3);
+        assert_eq!(merged.idle_timeout, None);
+        assert_eq!(merged.http2_keepalive_timeout, Duration::from_secs(5));
+
+        let err = resolve_err(ServeArgs {
+            max_connections: Some(0),
+            ..ServeArgs::default()
+        });
+        assert_eq!(
+            err,
+            "--max-connections (or TRELLIS_MAX_CONNECTIONS): must be at least 1, got 0"
+        );
+        let err = resolve_err(ServeArgs {
+            http2_keepalive_timeout: Some(Duration::ZERO),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("--http2-keepalive-timeout"), "{err}");
+        let err = resolve_err(ServeArgs {
+            tcp_keepalive: Some(Duration::from_millis(500)),
+            ..ServeArgs::default()
+        });
+        assert!(err.contains("at least 1s"), "{err}");
     }
 
     /// Checks the engine's gRPC plumbing end to end: tonic serves health on our

@@ -6,6 +6,8 @@
 
 pub mod api;
 pub mod config;
+pub mod conns;
+pub mod decode_status;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -100,6 +102,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
             max_parallel: config.max_parallel,
             lease_ttl: config.lease_ttl,
             max_input_size: config.max_input_size,
+            eval_limits: config.eval_limits,
             allowed_roots: config.allowed_roots.clone(),
             remote_includes,
             cwd,
@@ -174,7 +177,12 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         signal_shutdown.cancel();
     });
 
-    let mut builder = tonic::transport::Server::builder();
+    let conn_settings = config.connections;
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(conn_settings.http2_keepalive_interval)
+        .http2_keepalive_timeout(Some(conn_settings.http2_keepalive_timeout))
+        .layer(conns::ActivityLayer)
+        .layer(decode_status::DecodeStatusLayer);
     if let Some(tls) = tls {
         builder = builder
             .tls_config(
@@ -192,8 +200,15 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         Bound::Unix(_, path) => Some(path.clone()),
         Bound::Tcp(..) => None,
     };
-    let server = router
-        .serve_with_incoming_shutdown(bound.into_incoming(), shutdown.clone().cancelled_owned());
+    let incoming = conns::Limited::new(
+        bound.into_incoming(),
+        conns::ConnLimits {
+            max_connections: conn_settings.max_connections,
+            idle_timeout: conn_settings.idle_timeout,
+            tcp_keepalive: conn_settings.tcp_keepalive,
+        },
+    );
+    let server = router.serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
     // A graceful HTTP/2 close waits for each client to answer; a client that never does (hung,
     // or its process stopped) must not keep the engine from exiting.
     let grace = async {

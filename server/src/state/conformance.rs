@@ -139,6 +139,7 @@ fn intend(name: &str, spec: Value) -> Change {
         spec,
         depends_on: vec![],
         metadata: Value::Null,
+        key: "conformance-key".into(),
     }
 }
 
@@ -331,6 +332,7 @@ pub async fn deployed_state_crud(h: &Harness) {
                     spec: json!({ "size": 2 }),
                     depends_on: vec![],
                     metadata: Value::Null,
+                    key: "conformance-key".into(),
                 },
                 Change::ResourceUpdated {
                     name: "db".into(),
@@ -403,7 +405,10 @@ pub async fn deployed_state_crud(h: &Harness) {
         s.commit(
             &l,
             vec![
-                Change::IntendDestroy { name: "db".into() },
+                Change::IntendDestroy {
+                    name: "db".into(),
+                    key: "destroy-db".into(),
+                },
                 Change::ResourceRemoved { name: "db".into() },
             ],
             vec![],
@@ -424,7 +429,10 @@ pub async fn deployed_state_crud(h: &Harness) {
                     resource_a: "api".into(),
                     resource_b: "db".into(),
                 },
-                Change::IntendDestroy { name: "db".into() },
+                Change::IntendDestroy {
+                    name: "db".into(),
+                    key: "destroy-db".into(),
+                },
                 Change::ResourceRemoved { name: "db".into() },
                 Change::RemoveChild {
                     name: "network".into(),
@@ -496,6 +504,7 @@ pub async fn unit_of_work_is_atomic(h: &Harness) {
                 spec: json!({ "v": 2 }),
                 depends_on: vec![],
                 metadata: Value::Null,
+                key: "conformance-key".into(),
             },
             created("db", "db-2"),
         ],
@@ -986,6 +995,7 @@ pub async fn intents_before_create(h: &Harness) {
         spec: json!({ "engine": "postgres", "size": 2 }),
         depends_on: vec!["net".into(), "dns".into()],
         metadata: json!({ "labels": { "app": "orders" } }),
+        key: "conformance-key".into(),
     })
     .await
     .unwrap();
@@ -1009,6 +1019,7 @@ pub async fn intents_before_create(h: &Harness) {
         spec: json!({ "size": 3 }),
         depends_on: vec![],
         metadata: Value::Null,
+        key: "conformance-key".into(),
     })
     .await
     .unwrap();
@@ -1022,9 +1033,12 @@ pub async fn intents_before_create(h: &Harness) {
     let db = state(h, &app).await.resource("db").cloned().unwrap();
     assert_eq!(db.status, ResourceStatus::Updated);
     assert_eq!(db.external_id.as_deref(), Some("db-1b"));
-    step(Change::IntendDestroy { name: "db".into() })
-        .await
-        .unwrap();
+    step(Change::IntendDestroy {
+        name: "db".into(),
+        key: "destroy-db".into(),
+    })
+    .await
+    .unwrap();
     assert_eq!(
         state(h, &app).await.resource("db").unwrap().status,
         ResourceStatus::DestroyRequested
@@ -1589,13 +1603,19 @@ pub async fn interrupted_operations(h: &Harness) {
     assert_eq!(ids, [e1.id.as_str()]);
     s.commit(&lb3, vec![], vec![]).await.unwrap();
 
-    // engine-2 restarting recovers its pending work too.
+    // engine-2 shutting down with its drain time run out recovers its pending work too, and
+    // says it shut down (not that it restarted).
     let got = s
-        .mark_interrupted(InterruptScope::Owner("engine-2".into()))
+        .mark_interrupted(InterruptScope::ShutDown("engine-2".into()))
         .await
         .unwrap();
     let ids: Vec<&str> = got.iter().map(|o| o.id.as_str()).collect();
     assert_eq!(ids, [c1.id.as_str()]);
+    let error = got[0].error.as_deref().unwrap_or("");
+    assert!(
+        error.contains("engine-2") && error.contains("shut down"),
+        "{error}"
+    );
 }
 
 /// Retention removes old events (a prefix, keeping the newest per instance) and old change sets

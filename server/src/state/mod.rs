@@ -169,6 +169,7 @@ pub trait StateStore: Send + Sync + 'static {
             spec,
             depends_on: Vec::new(),
             metadata: Value::Null,
+            key: String::new(),
         };
         self.commit(lease, vec![change], vec![event]).await
     }

@@ -196,6 +196,9 @@ pub struct Resource {
     pub metadata: Value,
     pub external_id: Option<String>,
     pub failure_reason: Option<String>,
+    /// The idempotency key of the provider call its last intent announced (kept when the
+    /// call fails): a call whose outcome is unknown is settled with the same key.
+    pub call_key: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -397,6 +400,8 @@ pub enum Change {
         depends_on: Vec<String>,
         /// Its evaluated metadata (labels, annotations).
         metadata: Value,
+        /// The idempotency key of the create call.
+        key: String,
     },
     /// The provider created it (from `CreateRequested`).
     ResourceCreated {
@@ -410,6 +415,8 @@ pub enum Change {
         spec: Value,
         depends_on: Vec<String>,
         metadata: Value,
+        /// The idempotency key of the update call.
+        key: String,
     },
     /// The provider updated it (from `UpdateRequested`); `external_id` when it changed.
     ResourceUpdated {
@@ -420,6 +427,8 @@ pub enum Change {
     /// Intent to destroy (from any status).
     IntendDestroy {
         name: String,
+        /// The idempotency key of the destroy call.
+        key: String,
     },
     /// The requested call failed: `XRequested` becomes `XFailed`, with the reason.
     ResourceFailed {
@@ -480,6 +489,8 @@ pub enum InterruptScope {
     /// Everything the named engine accepted or ran (it restarted, so none of it is running);
     /// its leases are released.
     Owner(String),
+    /// As `Owner`, when the named engine is shutting down and its drain time ran out.
+    ShutDown(String),
     /// Running operations whose lease expired or was taken over; an expired lease is revoked,
     /// so a paused engine that wakes up is fenced.
     Expired,
@@ -539,7 +550,7 @@ pub fn resource_transition(
         Change::ResourceUpdated { name, .. } => {
             (name, Some(S::Updated), current == Some(S::UpdateRequested))
         }
-        Change::IntendDestroy { name } => (name, Some(S::DestroyRequested), current.is_some()),
+        Change::IntendDestroy { name, .. } => (name, Some(S::DestroyRequested), current.is_some()),
         Change::ResourceFailed { name, .. } => {
             let next = match current {
                 Some(S::CreateRequested) => Some(S::CreateFailed),
@@ -692,6 +703,7 @@ mod tests {
             spec: Value::Null,
             depends_on: vec![],
             metadata: Value::Null,
+            key: "k".into(),
         };
         assert_eq!(
             resource_transition(None, &create).unwrap(),

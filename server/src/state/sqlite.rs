@@ -2,7 +2,9 @@
 //!
 //! - Durability: WAL journal with `synchronous=FULL`, so a commit that returned survives a
 //!   crash or power loss; foreign keys on; a busy timeout instead of instant `SQLITE_BUSY`.
-//! - One engine per data directory: the `lock` module holds `engine.lock` for the store's life.
+//! - One engine per data directory: the `lock` module locks the directory for the store's life.
+//! - A data directory that had state keeps it: `marker` refuses to open a missing, emptied or
+//!   replaced `state.db`, or one that lost commits (its WAL), instead of starting empty.
 //! - Concurrency: one writer connection behind a mutex (SQLite has one writer anyway; the mutex
 //!   turns lock contention into a queue) and a small pool of read connections, which WAL lets
 //!   read while the writer writes. Every write is a `BEGIN IMMEDIATE` transaction, so the
@@ -12,6 +14,7 @@
 //!   A call whose future is dropped still finishes its transaction (committed or not).
 
 mod lock;
+mod marker;
 mod schema;
 
 use std::fs::OpenOptions;
@@ -33,6 +36,7 @@ use super::model::*;
 use super::notify::{EventSubscription, Notifier};
 
 pub use lock::LOCK_FILE;
+pub use marker::MARKER_FILE;
 pub use schema::SCHEMA_VERSION;
 
 /// The database file inside the data directory.
@@ -85,6 +89,7 @@ struct Inner {
     notifier: Notifier,
     options: SqliteOptions,
     db_path: PathBuf,
+    marker: marker::Marker,
     lock: lock::DataDirLock,
 }
 
@@ -110,6 +115,11 @@ impl SqliteStore {
         // The lock comes first: nothing touches state.db unless this engine owns the directory.
         let lock = lock::DataDirLock::acquire(dir)?;
         let db_path = dir.join(DB_FILE);
+        let marker_path = dir.join(MARKER_FILE);
+        let recorded = marker::read(&marker_path)?;
+        if let Some(recorded) = &recorded {
+            check_db_file(&db_path, &marker_path, recorded)?;
+        }
         // Resource state can hold secrets: create the file owner-only (SQLite gives its -wal and
         // -shm files the same mode).
         OpenOptions::new()
@@ -131,7 +141,58 @@ impl SqliteStore {
         }
         writer.pragma_update(None, "synchronous", "FULL")?;
         writer.pragma_update(None, "foreign_keys", true)?;
+        if let Some(recorded) = &recorded {
+            let has_schema: bool = writer.query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'schema_migrations')",
+                [],
+                |row| row.get(0),
+            )?;
+            if !has_schema {
+                return Err(lost_state(
+                    &db_path,
+                    &marker_path,
+                    recorded,
+                    "has no Trellis schema (it is not the database this directory had)",
+                ));
+            }
+        }
         schema::migrate(&mut writer, options.clock.now())?;
+        let (store_id, commits): (String, i64) = writer.query_row(
+            "SELECT store_id, commits FROM store_meta WHERE id = 1",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?;
+        let commits = to_u64(commits, "store_meta.commits")?;
+        match &recorded {
+            Some(r) if r.store_id != store_id => {
+                return Err(lost_state(
+                    &db_path,
+                    &marker_path,
+                    r,
+                    &format!(
+                        "belongs to another store (id {store_id}, the marker says {})",
+                        r.store_id
+                    ),
+                ));
+            }
+            Some(r) if commits < r.commits => {
+                return Err(lost_state(
+                    &db_path,
+                    &marker_path,
+                    r,
+                    &format!(
+                        "has {commits} commits, fewer than the {} this directory had: its WAL \
+                         (state.db-wal) was lost or an older copy of state.db was put in place",
+                        r.commits
+                    ),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                tracing::info!(marker = %marker_path.display(), store = %store_id, commits, "state marker written")
+            }
+        }
+        let marker = marker::Marker::write(&marker_path, &store_id, commits)?;
 
         Ok(SqliteStore {
             inner: Arc::new(Inner {
@@ -142,6 +203,7 @@ impl SqliteStore {
                 notifier: Notifier::default(),
                 options,
                 db_path,
+                marker,
                 lock,
             }),
         })
@@ -313,14 +375,66 @@ fn run_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Job>) -> BatchOutc
     }
     let appended = std::mem::take(&mut w.appended);
     drop(w);
+    // Counted in the same transaction, recorded in the marker once durable (see `marker`).
+    let commits = match tx
+        .prepare_cached(
+            "UPDATE store_meta SET commits = commits + 1 WHERE id = 1 RETURNING commits",
+        )
+        .and_then(|mut st| st.query_row([], |row| row.get::<_, i64>(0)))
+    {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = tx.rollback();
+            return (delivers, Vec::new(), Err(StateError::from(e)));
+        }
+    };
     match tx.commit() {
-        Ok(()) => (delivers, appended, Ok(())),
+        Ok(()) => {
+            inner.marker.record(u64::try_from(commits).unwrap_or(0));
+            (delivers, appended, Ok(()))
+        }
         Err(e) => (delivers, Vec::new(), Err(StateError::from(e))),
     }
 }
 
+/// With a marker (the directory had state), `state.db` must be there and not empty.
+fn check_db_file(db_path: &Path, marker_path: &Path, recorded: &marker::Recorded) -> Result<()> {
+    match std::fs::metadata(db_path) {
+        Ok(meta) if meta.len() > 0 => Ok(()),
+        Ok(_) => Err(lost_state(db_path, marker_path, recorded, "is empty")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(lost_state(db_path, marker_path, recorded, "is missing"))
+        }
+        Err(e) => Err(StateError::Io(format!("{}: {e}", db_path.display()))),
+    }
+}
+
+/// The refusal to start on a data directory whose state is gone: what is wrong and what to do.
+fn lost_state(
+    db_path: &Path,
+    marker_path: &Path,
+    recorded: &marker::Recorded,
+    what: &str,
+) -> StateError {
+    StateError::Corrupt(format!(
+        "{} {what}, but this data directory had state ({} records store {} with {} commits); \
+         the engine does not start with less state than it had. Put the latest state.db (and \
+         state.db-wal, if there was one) back; or, to accept an older backup, this state.db as \
+         it is, or no state at all, remove {1} and start again",
+        db_path.display(),
+        marker_path.display(),
+        recorded.store_id,
+        recorded.commits,
+    ))
+}
+
 fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection> {
-    let conn = Connection::open(path)?;
+    // Never create: `open_with` creates state.db (owner-only); a connection opened later, when
+    // the file was deleted under the engine, must fail rather than start an empty database.
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+        | rusqlite::OpenFlags::SQLITE_OPEN_URI
+        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(busy_timeout)?;
     Ok(conn)
 }
@@ -410,7 +524,7 @@ fn decode_instance(row: &Row<'_>) -> Result<Instance> {
 }
 
 const RESOURCE_COLS: &str = "instance_id, name, type, spec, state, status, external_id, \
-                             failure_reason, created_at, updated_at, depends_on, metadata";
+                             failure_reason, created_at, updated_at, depends_on, metadata, call_key";
 
 fn decode_resource(row: &Row<'_>) -> Result<Resource> {
     let instance_id: String = row.get(0)?;
@@ -444,6 +558,7 @@ fn decode_resource(row: &Row<'_>) -> Result<Resource> {
         status,
         external_id: row.get(6)?,
         failure_reason: row.get(7)?,
+        call_key: row.get(12)?,
         created_at: ts(row.get(8)?),
         updated_at: ts(row.get(9)?),
         instance_id,
@@ -930,13 +1045,14 @@ impl Tx<'_> {
                 spec,
                 depends_on,
                 metadata,
+                key,
             } => {
                 let deps = json_text(&Value::from(depends_on.clone()));
                 if current.is_none() {
                     tx.prepare_cached(
                         "INSERT INTO resources (instance_id, name, type, spec, status, \
-                         created_at, updated_at, depends_on, metadata) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8)",
+                         created_at, updated_at, depends_on, metadata, call_key) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9)",
                     )?
                     .execute(params![
                         inst,
@@ -946,13 +1062,14 @@ impl Tx<'_> {
                         status,
                         now,
                         deps,
-                        json_text(metadata)
+                        json_text(metadata),
+                        key
                     ])?;
                 } else {
                     tx.prepare_cached(
                         "UPDATE resources SET type = ?3, spec = ?4, status = ?5, \
-                         failure_reason = NULL, updated_at = ?6, depends_on = ?7, metadata = ?8 \
-                         WHERE instance_id = ?1 AND name = ?2",
+                         failure_reason = NULL, updated_at = ?6, depends_on = ?7, metadata = ?8, \
+                         call_key = ?9 WHERE instance_id = ?1 AND name = ?2",
                     )?
                     .execute(params![
                         inst,
@@ -962,7 +1079,8 @@ impl Tx<'_> {
                         status,
                         now,
                         deps,
-                        json_text(metadata)
+                        json_text(metadata),
+                        key
                     ])?;
                 }
             }
@@ -989,11 +1107,12 @@ impl Tx<'_> {
                 spec,
                 depends_on,
                 metadata,
+                key,
             } => {
                 let deps = json_text(&Value::from(depends_on.clone()));
                 tx.prepare_cached(
                     "UPDATE resources SET status = ?3, spec = ?4, failure_reason = NULL, \
-                     updated_at = ?5, depends_on = ?6, metadata = ?7 \
+                     updated_at = ?5, depends_on = ?6, metadata = ?7, call_key = ?8 \
                      WHERE instance_id = ?1 AND name = ?2",
                 )?
                 .execute(params![
@@ -1003,7 +1122,8 @@ impl Tx<'_> {
                     json_text(spec),
                     now,
                     deps,
-                    json_text(metadata)
+                    json_text(metadata),
+                    key
                 ])?;
             }
             Change::ResourceUpdated {
@@ -1025,12 +1145,12 @@ impl Tx<'_> {
                     now
                 ])?;
             }
-            Change::IntendDestroy { name } => {
+            Change::IntendDestroy { name, key } => {
                 tx.prepare_cached(
-                    "UPDATE resources SET status = ?3, failure_reason = NULL, updated_at = ?4 \
-                     WHERE instance_id = ?1 AND name = ?2",
+                    "UPDATE resources SET status = ?3, failure_reason = NULL, updated_at = ?4, \
+                     call_key = ?5 WHERE instance_id = ?1 AND name = ?2",
                 )?
-                .execute(params![inst, name, status, now])?;
+                .execute(params![inst, name, status, now, key])?;
             }
             Change::ResourceFailed { name, reason } => {
                 tx.prepare_cached(
@@ -1074,7 +1194,7 @@ fn resource_name(change: &Change) -> &str {
         | Change::ResourceCreated { name, .. }
         | Change::IntendUpdate { name, .. }
         | Change::ResourceUpdated { name, .. }
-        | Change::IntendDestroy { name }
+        | Change::IntendDestroy { name, .. }
         | Change::ResourceFailed { name, .. }
         | Change::ResourceRemoved { name } => name,
         _ => "",
@@ -1572,7 +1692,15 @@ impl StateStore for SqliteStore {
                     {
                         format!("engine `{owner}` restarted while the operation was unfinished")
                     }
-                    InterruptScope::Owner(_) => continue,
+                    InterruptScope::ShutDown(owner)
+                        if op.owner == *owner || op.lease_owner.as_ref() == Some(owner) =>
+                    {
+                        format!(
+                            "engine `{owner}` shut down before the operation finished (its drain \
+                             timeout ran out)"
+                        )
+                    }
+                    InterruptScope::Owner(_) | InterruptScope::ShutDown(_) => continue,
                     InterruptScope::Expired => {
                         // Pending operations have no lease yet: a live engine may be about to
                         // start them. Only its own restart (`Owner`) recovers those.
@@ -1633,8 +1761,8 @@ impl StateStore for SqliteStore {
             for id in revoke {
                 clear.execute([id])?;
             }
-            if let InterruptScope::Owner(owner) = &scope {
-                // A restarted engine holds nothing: every lease it had is dead.
+            if let InterruptScope::Owner(owner) | InterruptScope::ShutDown(owner) = &scope {
+                // A restarted (or stopping) engine holds nothing: every lease it had is dead.
                 w.tx.prepare_cached(
                     "UPDATE instances SET lease_owner = NULL, lease_token = NULL, \
                      lease_expires_at = NULL WHERE lease_owner = ?1",

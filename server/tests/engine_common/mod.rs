@@ -38,9 +38,29 @@ pub struct EngineBuilder {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     capture_stderr: bool,
+    tmpfs_bytes: Option<u64>,
+}
+
+/// Whether this machine lets a test mount a tmpfs in a private mount namespace (root, or a
+/// user namespace with mount rights).
+pub fn private_tmpfs_available() -> bool {
+    Command::new("unshare")
+        .args(["-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 impl EngineBuilder {
+    /// The data directory on a tmpfs of `bytes`, mounted in a mount namespace of the engine's
+    /// own (`unshare -m`): a real disk that can be filled. From outside it is reached through
+    /// [`Engine::data_seen_by_engine`]. Needs [`private_tmpfs_available`].
+    pub fn data_on_tmpfs(mut self, bytes: u64) -> Self {
+        self.tmpfs_bytes = Some(bytes);
+        self
+    }
+
     /// `--listen` (default `127.0.0.1:0`, a free port); `unix:PATH` for a Unix socket.
     pub fn listen(mut self, addr: &str) -> Self {
         self.listen = addr.to_owned();
@@ -80,7 +100,23 @@ impl EngineBuilder {
     pub fn start(self) -> Engine {
         let plugins = plugin_dir(&self.root);
         let data = self.root.join("data");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        let mut command = match self.tmpfs_bytes {
+            None => Command::new(env!("CARGO_BIN_EXE_trellis")),
+            Some(bytes) => {
+                std::fs::create_dir_all(&data).unwrap();
+                // The shell mounts, then becomes the engine (same pid).
+                let mut c = Command::new("unshare");
+                c.args(["-m", "sh", "-c"])
+                    .arg(format!(
+                        "mount -t tmpfs -o size={bytes} tmpfs \"$1\" && shift && exec \"$@\""
+                    ))
+                    .arg("sh")
+                    .arg(&data)
+                    .arg(env!("CARGO_BIN_EXE_trellis"));
+                c
+            }
+        };
+        let mut child = command
             .arg("serve")
             .args(["--listen", &self.listen, "--no-bundled-plugins"])
             .arg("--plugin-dir")
@@ -158,11 +194,19 @@ impl Engine {
             args: Vec::new(),
             env: Vec::new(),
             capture_stderr: false,
+            tmpfs_bytes: None,
         }
     }
 
     pub fn start(root: &Path) -> Engine {
         Engine::builder(root).start()
+    }
+
+    /// The data directory as the engine's mount namespace has it (see
+    /// [`EngineBuilder::data_on_tmpfs`]).
+    pub fn data_seen_by_engine(&self) -> PathBuf {
+        let inside = self.data.strip_prefix("/").unwrap_or(&self.data);
+        PathBuf::from(format!("/proc/{}/root", self.child.id())).join(inside)
     }
 
     pub fn port(&self) -> &str {
@@ -229,11 +273,16 @@ impl Engine {
 
     /// SIGTERM, then wait (up to 30 s) for the exit; its code.
     pub fn terminate(&mut self) -> Option<i32> {
+        self.terminate_within(Duration::from_secs(30))
+    }
+
+    /// SIGTERM, then wait up to `limit` (a hang bound) for the exit; its code.
+    pub fn terminate_within(&mut self, limit: Duration) -> Option<i32> {
         // SAFETY: signalling a child process we own and have not reaped.
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + limit;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return status.code();

@@ -1,16 +1,20 @@
-//! One engine per data directory: an exclusive `flock` on `<data dir>/engine.lock`, held for
-//! the store's life.
+//! One engine per data directory: an exclusive `flock` on the data directory itself, held for
+//! the store's life, plus `<data dir>/engine.lock`, which names the holder's pid.
 //!
 //! SQLite would let two processes share `state.db`, but two engines would each believe they
 //! own every lease they hold in memory and would interrupt each other's operations at start.
 //! The advisory lock makes the second engine fail at open with the holder's pid, instead.
-//! `flock` (not `fcntl`) because it belongs to the open file, so it is released exactly when
-//! the store closes the file (or the process dies), and it does not interfere with SQLite's own
-//! `fcntl` locks on the database files. The file is opened close-on-exec, so plugin processes
-//! the engine spawns never inherit it.
+//! The lock is on the directory, not on a file in it: a file can be deleted while the engine
+//! runs (the next engine would then lock a fresh file of the same name), a directory that
+//! holds files cannot. `engine.lock` is still locked too, so an older engine, which locks only
+//! that file, and this one exclude each other. `flock` (not `fcntl`) because it belongs to the
+//! open file description, so it is released exactly when the store closes it (or the process
+//! dies), and it is independent of SQLite's own `fcntl` locks on the database files, which it
+//! never touches. Both descriptors are close-on-exec, so plugin processes the engine spawns
+//! never inherit them.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -23,11 +27,43 @@ pub const LOCK_FILE: &str = "engine.lock";
 pub(crate) struct DataDirLock {
     file: File,
     path: PathBuf,
+    /// The data directory, opened read-only and locked.
+    _dir: File,
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`: `Ok(false)` when another open file holds it.
+fn try_flock(file: &File) -> io::Result<bool> {
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(false);
+    }
+    Err(err)
 }
 
 impl DataDirLock {
     pub(crate) fn acquire(data_dir: &Path) -> Result<Self> {
         let path = data_dir.join(LOCK_FILE);
+        let locked = || StateError::DataDirLocked {
+            // Best effort: the holder may be between truncating and writing its pid, or the
+            // file may have been deleted.
+            pid: std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|text| text.trim().parse().ok()),
+            lock_file: path.clone(),
+        };
+        // `File::open` opens read-only and close-on-exec; a directory opens that way too.
+        let dir = File::open(data_dir)
+            .map_err(|e| StateError::Io(format!("{}: {e}", data_dir.display())))?;
+        if !try_flock(&dir)
+            .map_err(|e| StateError::Io(format!("lock {}: {e}", data_dir.display())))?
+        {
+            return Err(locked());
+        }
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -36,20 +72,8 @@ impl DataDirLock {
             .mode(0o600)
             .open(&path)
             .map_err(|e| StateError::Io(format!("{}: {e}", path.display())))?;
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let mut text = String::new();
-                // Best effort: the holder may be between truncating and writing its pid.
-                let _ = file.read_to_string(&mut text);
-                return Err(StateError::DataDirLocked {
-                    pid: text.trim().parse().ok(),
-                    lock_file: path,
-                });
-            }
-            return Err(StateError::Io(format!("lock {}: {err}", path.display())));
+        if !try_flock(&file).map_err(|e| StateError::Io(format!("lock {}: {e}", path.display())))? {
+            return Err(locked());
         }
         // Ours now: record who holds it, for the error message of the next contender.
         let write_pid = |file: &mut File| -> io::Result<()> {
@@ -59,7 +83,11 @@ impl DataDirLock {
             file.flush()
         };
         write_pid(&mut file).map_err(|e| StateError::Io(format!("{}: {e}", path.display())))?;
-        Ok(DataDirLock { file, path })
+        Ok(DataDirLock {
+            file,
+            path,
+            _dir: dir,
+        })
     }
 
     pub(crate) fn path(&self) -> &Path {

@@ -150,6 +150,30 @@ ALTER TABLE change_sets ADD COLUMN request_digest TEXT;
 CREATE UNIQUE INDEX change_sets_by_request ON change_sets(request_id);
 "#,
     },
+    Migration {
+        version: 4,
+        name: "store identity",
+        // Which store this is and how many write transactions it has committed: the data
+        // directory's `state.marker` records both, so a missing, emptied or replaced database
+        // and a lost WAL are refused at open (sqlite/marker.rs).
+        sql: r#"
+CREATE TABLE store_meta (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    store_id TEXT NOT NULL,
+    commits  INTEGER NOT NULL
+) STRICT;
+INSERT INTO store_meta (id, store_id, commits) VALUES (1, lower(hex(randomblob(16))), 0);
+"#,
+    },
+    Migration {
+        version: 5,
+        name: "call keys",
+        // The idempotency key of the provider call an intent announces: whoever settles an
+        // unfinished call asks with the same key.
+        sql: r#"
+ALTER TABLE resources ADD COLUMN call_key TEXT;
+"#,
+    },
 ];
 
 /// The schema version this build writes.
