@@ -14,7 +14,8 @@ directory, and measures:
   first), with the engine's peak RSS during it and its RSS after;
 - rollback time: a second instance whose last layer holds one resource that fails its create,
   deployed with `--rollback-on-failure`: from `rollback.started` to the operation's end (the
-  engine's own event timestamps), against the critical path of undoing it (LAYERS - 1 layers);
+  engine's own event timestamps), against the critical path of undoing it (LAYERS layers of
+  destroys);
 - reconcile time: a third instance whose engine is killed (SIGKILL) half way through its
   deploy and restarted; `trellis reconcile --mode reapply` settles the calls left in flight.
 
@@ -191,8 +192,8 @@ def run(n, layers, latency, parallel, rollback=True, reconcile=True):
             "destroy_peak_mib": destroy_peak.kib / 1024, "after_destroy_mib": after_destroy / 1024,
         }
         if rollback:
-            # Everything but the failing resource's layer-9 sibling chain is created, then
-            # undone: layers 8..0 in reverse, LAYERS - 1 latencies on the critical path.
+            # Every resource but the failing one is created (its layer's calls are in flight
+            # together), then undone in reverse: LAYERS latencies on the critical path.
             engine.cli("deploy", "failing.yaml", "--instance", "rb", "--rollback-on-failure",
                        ok=(1,))
             events = engine.events("rb")
@@ -201,7 +202,7 @@ def run(n, layers, latency, parallel, rollback=True, reconcile=True):
                          if e["kind"] == "operation.finished")
             undone = sum(1 for e in events if e["kind"] == "resource.destroyed")
             r["rollback_s"] = ended - started
-            r["rollback_ratio"] = r["rollback_s"] / ((layers - 1) * latency / 1000)
+            r["rollback_ratio"] = r["rollback_s"] / critical
             r["rolled_back"] = undone
         engine.stop()
         if reconcile:
@@ -217,9 +218,11 @@ def run(n, layers, latency, parallel, rollback=True, reconcile=True):
             engine.kill()
             deploy.wait(timeout=60)
             engine = Engine(work, parallel)
-            reconcile_s, _ = engine.cli("reconcile", "--instance", "rc", "--mode", "reapply")
+            reconcile_s, out = engine.cli("reconcile", "--instance", "rc", "--mode", "reapply")
+            op = json.loads(out)["operation"]["id"]
             settled = sum(1 for e in engine.events("rc")
-                          if e["kind"] in ("resource.created", "resource.destroyed"))
+                          if e["payload"].get("operation") == op
+                          and e["kind"] in ("resource.created", "resource.destroyed"))
             r["reconcile_s"] = reconcile_s
             r["reconciled"] = settled
             engine.stop()

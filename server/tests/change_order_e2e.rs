@@ -182,3 +182,52 @@ fn after_a_rolled_back_update_state_holds_what_is_there() {
         "{plan}"
     );
 }
+
+#[test]
+fn a_rollback_puts_recreated_resources_back_as_they_were() {
+    let root = TempDir::new("e2e-rollback-recreate");
+    let engine = Engine::start(root.path());
+    // TREE, and a sim resource after the files whose update fails when asked to.
+    let failing = |fail: bool| {
+        let knob = if fail {
+            "\n      failOn: update\n      failClass: badInput"
+        } else {
+            ""
+        };
+        format!(
+            "{TREE}  last:\n    type: sim/resource\n    spec:\n      payload: ${{resources.two.spec.path}}{knob}\n"
+        )
+    };
+    write(&root.join("tree.yaml"), &failing(false));
+    let deploy = |dir: &str, rollback: bool| {
+        let var = format!("dir={dir}");
+        let mut args = vec!["deploy", "tree.yaml", "--instance", "t", "--var", &var];
+        if rollback {
+            args.push("--rollback-on-failure");
+        }
+        engine.json(&args)
+    };
+    let (code, out) = deploy("old", false);
+    assert_eq!(code, 0, "{out}");
+    let before = engine.instance("t");
+
+    // The directory moves (it and its files are recreated), then `last` fails: the rollback
+    // destroys the new tree and creates the old one again.
+    write(&root.join("tree.yaml"), &failing(true));
+    let (code, out) = deploy("new", true);
+    assert_eq!(code, 1, "{out}");
+    let after = engine.instance("t");
+    assert_eq!(after["status"], "ROLLBACK_COMPLETE", "{after}");
+    assert!(
+        !root.join("new").exists(),
+        "{:?}",
+        listing(&root.join("new"))
+    );
+    assert_eq!(listing(&root.join("old")), ["one.txt", "two.txt"]);
+    for name in ["dir", "one", "two", "last"] {
+        assert_eq!(
+            after["resources"][name]["spec"], before["resources"][name]["spec"],
+            "{name}: {after}"
+        );
+    }
+}

@@ -19,9 +19,10 @@ fn chain(latency: u64) -> String {
 }
 
 /// Starts `trellis deploy chain.yaml` in the background and returns once its first provider
-/// call is in flight (the first create's intent is recorded).
+/// call is in flight (the first create's intent is recorded). The caller waits for the child.
+#[allow(clippy::zombie_processes)]
 fn deploy_in_background(engine: &Engine) -> std::process::Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
         .args([
             "deploy",
             "chain.yaml",
@@ -43,7 +44,11 @@ fn deploy_in_background(engine: &Engine) -> std::process::Child {
         if String::from_utf8_lossy(&out.stdout).contains("resource.create_requested") {
             return child;
         }
-        assert!(Instant::now() < limit, "the deploy never started a call");
+        if Instant::now() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the deploy never started a call");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }

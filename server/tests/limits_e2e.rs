@@ -18,7 +18,9 @@ fn doubling() -> String {
             p = i - 1
         ));
     }
-    y.push_str("resources:\n  r:\n    type: sim/resource\n    spec:\n      payload: ${values.v40}\n");
+    y.push_str(
+        "resources:\n  r:\n    type: sim/resource\n    spec:\n      payload: ${values.v40}\n",
+    );
     y
 }
 
@@ -54,7 +56,8 @@ fn assert_answers(engine: &Engine) {
     assert_eq!(exit, 0, "a normal plan after the hostile ones: {text}");
 }
 
-const OK: &str = "version: 2023-04-20\nresources:\n  r:\n    type: sim/resource\n    spec:\n      payload: hi\n";
+const OK: &str =
+    "version: 2023-04-20\nresources:\n  r:\n    type: sim/resource\n    spec:\n      payload: hi\n";
 
 #[test]
 fn hostile_blueprints_are_refused_by_the_limits_and_the_engine_keeps_answering() {
@@ -90,9 +93,15 @@ fn the_limits_are_serve_settings() {
     write(&root.join("ok.yaml"), OK);
     let names: Vec<String> = (0..6).map(|i| format!("n{i}")).collect();
     write(&root.join("six.yaml"), &each_over(&names.join(","), ","));
-    write(&root.join("five.yaml"), &each_over(&names[..5].join(","), ","));
+    write(
+        &root.join("five.yaml"),
+        &each_over(&names[..5].join(","), ","),
+    );
     // A string just over the value limit set in the environment.
-    write(&root.join("long.yaml"), &each_over(&"a".repeat(100_000), ","));
+    write(
+        &root.join("long.yaml"),
+        &each_over(&"a".repeat(100_000), ","),
+    );
     // Each element copies a 64 KiB string: 128 copies is 8 MiB, twice the budget of 4 MiB.
     let mut copies = format!(
         "version: 2023-04-20\nvariables:\n  big:\n    type: string\n    default: \"{}\"\n\

@@ -82,6 +82,14 @@ impl RunContext {
         self.rt.block_on(self.commit(changes, events))
     }
 
+    /// A store failure as the operation reports it, logged for the operator (a full disk or an
+    /// I/O error is theirs to fix; the operation's error alone may never reach them).
+    fn store_error(&self, e: &StateError) -> String {
+        tracing::error!(operation = %self.operation.id, instance = %self.operation.instance_id,
+            error = %e, "the state store refused a write");
+        format!("state store: {e}")
+    }
+
     fn key(&self, name: &str, what: &str) -> String {
         format!("{}:{name}:{what}", self.operation.id)
     }
@@ -180,7 +188,7 @@ async fn run_job(ctx: Arc<RunContext>, job: Job) -> Result<Done, String> {
 
 /// One provider call on its own: the same intent, call and outcome the scheduler batches.
 async fn apply_one(ctx: &RunContext, a: Apply) -> Result<Done, String> {
-    let fail = |e: StateError| format!("state store: {e}");
+    let fail = |e: StateError| ctx.store_error(&e);
     // The intent is durable before the provider hears of the resource: a crash after this
     // point leaves a record to reconcile, never an orphan.
     let (change, event) = intent(&a);
@@ -381,7 +389,7 @@ fn schedule(
                 Err(e) => {
                     // Nothing of the turn was recorded: the calls that came back happened and
                     // their intents stay (reconcile settles them); the new ones never start.
-                    let e = format!("state store: {e}");
+                    let e = ctx.store_error(&e);
                     if failure.is_none() {
                         failure = Some((e.clone(), false));
                     }
@@ -922,7 +930,7 @@ pub fn deploy(
                 .block_on(ctx.store.load_state(&ctx.operation.instance_id))
             {
                 Ok(state) => prepared.read_links(&state),
-                Err(e) => return failed(format!("state store: {e}"), completed),
+                Err(e) => return failed(ctx.store_error(&e), completed),
             }
         }
     }
@@ -956,10 +964,11 @@ fn removals<'a>(
         .flat_map(|r| r.depends_on.iter().map(String::as_str))
         .collect();
     while let Some(name) = frontier.pop() {
-        if action.get(name) == Some(&Action::Delete) && late.insert(name) {
-            if let Some(r) = recorded.get(name) {
-                frontier.extend(r.depends_on.iter().map(String::as_str));
-            }
+        if action.get(name) == Some(&Action::Delete)
+            && late.insert(name)
+            && let Some(r) = recorded.get(name)
+        {
+            frontier.extend(r.depends_on.iter().map(String::as_str));
         }
     }
     let mut early = Vec::new();
@@ -1189,13 +1198,25 @@ pub fn rollback(
         }
         now = load()?;
     }
+    // Recreated by the deploy (its old version destroyed, a new one created): the new one goes,
+    // and the old one is created again, since what made the deploy recreate it cannot be
+    // updated back either.
+    let recreated: std::collections::HashSet<&str> = done
+        .iter()
+        .filter_map(|d| match d {
+            Done::Deleted { before } if now.resource(&before.name).is_some() => {
+                Some(before.name.as_str())
+            }
+            _ => None,
+        })
+        .collect();
     // 1. Destroy what was not there before; forget failed creates that left nothing.
     let mut forget = Vec::new();
     let mut doomed = Vec::new();
     for r in now
         .resources
         .iter()
-        .filter(|r| before.resource(&r.name).is_none())
+        .filter(|r| before.resource(&r.name).is_none() || recreated.contains(r.name.as_str()))
     {
         if r.status == S::CreateFailed {
             forget.push(r.name.clone());
@@ -1241,7 +1262,9 @@ pub fn rollback(
         .resources
         .iter()
         .filter_map(|was| {
-            let current = now.resource(&was.name);
+            let current = now
+                .resource(&was.name)
+                .filter(|_| !recreated.contains(was.name.as_str()));
             let changed = match current.map(|c| c.status) {
                 None => true,
                 // A destroy that failed leaves the resource as the provider left it: the
@@ -1347,7 +1370,7 @@ async fn reconcile_one(
 ) -> Result<(), String> {
     use crate::state::ResourceStatus as S;
     let inst = ctx.operation.instance_id.clone();
-    let fail = |e: StateError| format!("state store: {e}");
+    let fail = |e: StateError| ctx.store_error(&e);
     let recreate = |ctx: &Arc<RunContext>| {
         let r = r.clone();
         let ctx = ctx.clone();
@@ -1673,7 +1696,7 @@ pub async fn apply_link(
     update: LinkUpdate,
 ) -> Result<(), String> {
     let inst = ctx.operation.instance_id.clone();
-    let fail = |e: StateError| format!("state store: {e}");
+    let fail = |e: StateError| ctx.store_error(&e);
     // Held across the state read, the provider call and the record: the next call on either
     // end sees this one's outcome (a link already removed is not removed again).
     let _ends = lock_link_ends(&ctx.link_locks, a, b).await;

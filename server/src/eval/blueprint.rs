@@ -350,9 +350,8 @@ fn once_over_budget(diags: &mut Diagnostics, first: usize) {
     let mut seen = false;
     let mut i = 0;
     diags.items.retain(|d| {
-        let keep = i < first
-            || d.code != &codes::EVALUATION_BUDGET
-            || !std::mem::replace(&mut seen, true);
+        let keep =
+            i < first || d.code != &codes::EVALUATION_BUDGET || !std::mem::replace(&mut seen, true);
         i += 1;
         keep
     });

@@ -177,10 +177,9 @@ impl Scope<'_> {
         // Checked before each part is added, so a string over the limit is never built.
         let fits = |out: &String, add: &str, span: Span| {
             self.budget
-                .check_size(
-                    super::limits::string_bytes(out.len() + add.len()),
-                    || "this string".to_owned(),
-                )
+                .check_size(super::limits::string_bytes(out.len() + add.len()), || {
+                    "this string".to_owned()
+                })
                 .map_err(|e| EvalError::limit(span, &e))
         };
         for p in &t.parts {

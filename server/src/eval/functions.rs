@@ -896,7 +896,10 @@ fn map(a: &Args, env: &Env) -> Result<Value, FnError> {
         }
         let mapped = apply_in(f, call_args, env, a.budget).map_err(|e| a.element_error(i, e))?;
         size += measure_capped(&mapped, a.budget.limits().max_value_bytes);
-        a.check_size(size, &format!("an array of more than {i} elements"))?;
+        a.check_size(
+            size,
+            &format!("the array built so far ({} elements)", i + 1),
+        )?;
         out.push(mapped);
     }
     Ok(Value::List(out))
@@ -960,8 +963,7 @@ fn sort(a: &Args, env: &Env) -> Result<Value, FnError> {
             } else {
                 a.error(1, e.to_string())
             }
-        })?
-        {
+        })? {
             Value::Int(n) => Ok(n.cmp(&0)),
             Value::Unknown => {
                 unknown = true;
@@ -1033,7 +1035,13 @@ fn flatmap(a: &Args, env: &Env) -> Result<Value, FnError> {
                 // Only the elements are kept, not the list holding them.
                 let cap = a.budget.limits().max_value_bytes;
                 size += mapped.iter().map(|m| measure_capped(m, cap)).sum::<u64>();
-                a.check_size(size, &format!("an array of more than {} elements", out.len()))?;
+                a.check_size(
+                    size,
+                    &format!(
+                        "the array built so far ({} elements)",
+                        out.len() + mapped.len()
+                    ),
+                )?;
                 out.extend(mapped)
             }
             Value::Unknown => unknown = true,

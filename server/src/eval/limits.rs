@@ -19,7 +19,7 @@ use crate::diag::{Code, codes};
 
 pub const DEFAULT_MAX_VALUE_BYTES: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_MAX_RESOURCES: usize = 20_000;
-pub const DEFAULT_MAX_EVAL_BYTES: u64 = 1024 * 1024 * 1024;
+pub const DEFAULT_MAX_EVAL_BYTES: u64 = 256 * 1024 * 1024;
 
 /// What every value counts besides its contents: the size of a [`Value`].
 pub const VALUE_BYTES: u64 = std::mem::size_of::<Value>() as u64;
@@ -58,7 +58,7 @@ pub struct LimitArgs {
     /// Most resources a blueprint may have after `each` expansion (default 20000).
     #[arg(long, value_name = "N", env = "TRELLIS_MAX_RESOURCES", default_value_t = DEFAULT_MAX_RESOURCES, value_parser = at_least_one)]
     pub max_resources: usize,
-    /// Most bytes one evaluation may produce in total, in bytes (default 1 GiB).
+    /// Most bytes one evaluation may produce in total, in bytes (default 256 MiB).
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_EVAL_BYTES", default_value_t = DEFAULT_MAX_EVAL_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_eval_bytes: u64,
 }
@@ -108,7 +108,7 @@ impl std::fmt::Display for LimitError {
         match self {
             LimitError::ValueTooLarge { what, bytes, limit } => write!(
                 f,
-                "{what} of {} would exceed the limit of {} per value (max-value-bytes)",
+                "{what} would be {}, more than the limit of {} per value (max-value-bytes)",
                 bytes_text(*bytes),
                 bytes_text(*limit)
             ),
@@ -351,7 +351,11 @@ mod tests {
         let span = found[0].span;
         let text = &c.sources.get(span.file).text[span.start as usize..span.end as usize];
         assert!(text.contains("values.v16"), "{text}");
-        assert!(found[0].message.contains("8388608 bytes"), "{}", found[0].message);
+        assert!(
+            found[0].message.contains("8388608 bytes"),
+            "{}",
+            found[0].message
+        );
         assert!(
             found[0]
                 .hint
@@ -365,7 +369,11 @@ mod tests {
         assert_eq!(c.evaluation.values["v17"], Value::Unknown);
         assert_eq!(c.evaluation.values["v40"], Value::Unknown);
         // Only the values under the limit were built (about 16 MiB in all).
-        assert!(c.evaluation.budget.used() < 32 << 20, "{}", c.evaluation.budget.used());
+        assert!(
+            c.evaluation.budget.used() < 32 << 20,
+            "{}",
+            c.evaluation.budget.used()
+        );
     }
 
     #[test]
@@ -419,7 +427,9 @@ mod tests {
     fn resources_past_the_limit_are_refused_with_or_without_each() {
         let mut y = String::from("version: 2023-04-20\nresources:\n");
         for i in 0..5 {
-            y.push_str(&format!("  r{i}:\n    type: sim/resource\n    spec:\n      n: {i}\n"));
+            y.push_str(&format!(
+                "  r{i}:\n    type: sim/resource\n    spec:\n      n: {i}\n"
+            ));
         }
         let c = evaluate(
             &y,
@@ -430,7 +440,11 @@ mod tests {
         );
         let found = with_code(&c, &codes::TOO_MANY_RESOURCES);
         assert_eq!(found.len(), 1, "{:?}", c.diags.items);
-        assert!(found[0].message.contains("resource `r3` would be resource number 4"));
+        assert!(
+            found[0]
+                .message
+                .contains("resource `r3` would be resource number 4")
+        );
         assert_eq!(c.evaluation.resources.len(), 3);
     }
 
@@ -447,7 +461,9 @@ mod tests {
         let found = with_code(&c, &codes::VALUE_TOO_LARGE);
         assert_eq!(found.len(), 1, "{:?}", c.diags.items);
         assert!(
-            found[0].message.contains("split: an array of 1000000 elements"),
+            found[0]
+                .message
+                .contains("split: an array of 1000000 elements would be 73000072 bytes"),
             "{}",
             found[0].message
         );
@@ -456,12 +472,12 @@ mod tests {
 
     #[test]
     fn the_total_budget_stops_the_evaluation_and_is_reported_once() {
-        // Each resource copies a 1 MiB value: 300 MiB in all, against a budget of 64 MiB.
+        // Each resource copies a 1 MiB value: 200 MiB in all, against a budget of 64 MiB.
         let mut y = format!(
             "version: 2023-04-20\nvariables:\n  big:\n    type: string\n    default: \"{}\"\nresources:\n",
             "b".repeat(1 << 20)
         );
-        for i in 0..300 {
+        for i in 0..200 {
             y.push_str(&format!(
                 "  r{i}:\n    type: sim/resource\n    spec:\n      payload: ${{variables.big}}\n"
             ));
@@ -477,14 +493,22 @@ mod tests {
         let found = with_code(&c, &codes::EVALUATION_BUDGET);
         assert_eq!(found.len(), 1, "{:?}", c.diags.items);
         assert_eq!(c.diags.items.len(), 1, "{:?}", c.diags.items);
-        assert!(found[0].message.contains("budget of 67108864 bytes"), "{}", found[0].message);
+        assert!(
+            found[0].message.contains("budget of 67108864 bytes"),
+            "{}",
+            found[0].message
+        );
         // Evaluation stopped soon after the budget ran out.
-        assert!(c.evaluation.resources.len() < 70, "{}", c.evaluation.resources.len());
+        assert!(
+            c.evaluation.resources.len() < 70,
+            "{}",
+            c.evaluation.resources.len()
+        );
         assert!(c.evaluation.budget.used() < budget + (2 << 20));
         // The same blueprint within a budget large enough evaluates.
         let c = evaluate(&y, Limits::default());
         assert!(c.ready(), "{:?}", c.diags.items);
-        assert_eq!(c.evaluation.resources.len(), 300);
+        assert_eq!(c.evaluation.resources.len(), 200);
     }
 
     #[test]
@@ -506,7 +530,10 @@ mod tests {
         for _ in 0..10 {
             outcomes.push(c.eval("${variables.big}", &ENV));
         }
-        assert!(matches!(outcomes[0], crate::eval::console::Outcome::Value(_)));
+        assert!(matches!(
+            outcomes[0],
+            crate::eval::console::Outcome::Value(_)
+        ));
         assert_eq!(outcomes[9], crate::eval::console::Outcome::Failed);
         assert!(!with_code(&c, &codes::EVALUATION_BUDGET).is_empty());
     }
@@ -542,7 +569,10 @@ mod tests {
             ),
             ("split", vec![s(&long), s("")]),
             ("jsondecode", vec![s(&format!("[{}0]", "0,".repeat(300)))]),
-            ("fromjson", vec![s(&format!("{{\"a\":[{}0]}}", "0,".repeat(300))), s("/a")]),
+            (
+                "fromjson",
+                vec![s(&format!("{{\"a\":[{}0]}}", "0,".repeat(300))), s("/a")],
+            ),
             ("to_upper", vec![s(&"ab".repeat(600))]),
         ] {
             let e = refused(name, args);
@@ -552,24 +582,54 @@ mod tests {
             );
         }
         // Within the limit they work as before.
-        let ok = call_in("replace", vec![s("abc"), s("b"), s("xx")], Vec::new(), &ENV, &small());
+        let ok = call_in(
+            "replace",
+            vec![s("abc"), s("b"), s("xx")],
+            Vec::new(),
+            &ENV,
+            &small(),
+        );
         assert_eq!(ok, Ok(s("axxc")));
-        let ok = call_in("jsondecode", vec![s(r#"{"a":"[,,,]"}"#)], Vec::new(), &ENV, &small());
+        let ok = call_in(
+            "jsondecode",
+            vec![s(r#"{"a":"[,,,]"}"#)],
+            Vec::new(),
+            &ENV,
+            &small(),
+        );
         assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]
     fn higher_order_functions_check_what_they_build_as_they_go() {
         use crate::eval::value::Func;
+        // Twenty one-letter strings, each padded to 100 letters: 20 small results, too many.
         let items = Value::List(vec![Value::from("a"); 20]);
         let pad = Value::Func(Func::Partial {
             name: "replace_g",
             args: vec![Value::from("a"), Value::from("z".repeat(100))],
         });
-        let e = refused("map", vec![items.clone(), pad]);
+        let e = refused("map", vec![items, pad.clone()]);
+        assert!(
+            e.to_string()
+                .starts_with("the array built so far (6 elements) would be"),
+            "{e}"
+        );
+        let flat = Value::Func(Func::Compose(vec![
+            Func::Core("list"),
+            match pad {
+                Value::Func(f) => f,
+                _ => unreachable!(),
+            },
+        ]));
+        let e = refused(
+            "flatmap",
+            vec![Value::List(vec![Value::from("a"); 20]), flat],
+        );
         assert!(matches!(e, LimitError::ValueTooLarge { .. }), "{e}");
+        let few = Value::List(vec![Value::from("a"); 5]);
         let wrap = Value::Func(Func::Core("list"));
-        let nested = call_in("map", vec![items, wrap], Vec::new(), &ENV, &small());
+        let nested = call_in("map", vec![few, wrap], Vec::new(), &ENV, &small());
         assert!(nested.is_ok(), "{nested:?}");
     }
 
@@ -622,7 +682,7 @@ mod tests {
         let e = budget.produced(&Value::from("x".repeat(200))).unwrap_err();
         assert_eq!(e.code(), &codes::VALUE_TOO_LARGE);
         let text = e.to_string();
-        assert!(text.contains("a string of 2"), "{text}");
+        assert!(text.starts_with("a string would be 272 bytes"), "{text}");
         assert!(text.contains("limit of 100 bytes"), "{text}");
         // Nothing was charged for the refused value.
         assert_eq!(budget.used(), 0);

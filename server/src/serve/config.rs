@@ -138,7 +138,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", env = "TRELLIS_MAX_RESOURCES")]
     pub max_resources: Option<usize>,
     /// Most bytes of values evaluating one request's blueprint may produce in total
-    /// (default 1 GiB).
+    /// (default 256 MiB).
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_EVAL_BYTES")]
     pub max_eval_bytes: Option<u64>,
     /// How long a deployment's lease on an instance lasts without a heartbeat before another
