@@ -70,7 +70,17 @@ fn an_operation_whose_end_the_full_store_refuses_still_ends_and_is_recorded_late
     // `a`'s call is in flight (3 s): the disk fills before its outcome is written.
     let filler = fill(&engine.data_seen_by_engine());
 
-    // The client sees the operation end, with the reason (no hang: the bound is generous).
+    // The client sees the operation end, with the reason (the bound is a generous hang bound:
+    // before, the operation stayed RUNNING and its watchers waited forever).
+    let mut deploy = deploy;
+    let ended = eventually(Duration::from_secs(120), || {
+        deploy.try_wait().unwrap().is_some()
+    });
+    if !ended {
+        let _ = deploy.kill();
+        let _ = deploy.wait();
+        panic!("the deploy's client never saw the operation end");
+    }
     let out = deploy.wait_with_output().unwrap();
     let all = format!(
         "{}{}",

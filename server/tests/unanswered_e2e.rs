@@ -103,3 +103,43 @@ fn the_next_deploy_asks_again_with_the_unanswered_key() {
     let inst = engine.instance("c");
     assert_eq!(inst["resources"]["a"]["status"], "CREATED", "{inst}");
 }
+
+#[test]
+fn destroying_an_unanswered_create_asks_the_provider_and_destroys_what_it_made() {
+    let root = TempDir::new("e2e-unanswered-destroy");
+    let (engine, journal) = deploy_unanswered(root.path());
+    let (code, out) = engine.json(&["destroy", "--instance", "c"]);
+    assert_eq!(code, 0, "{out}");
+    // Not just the record: what the lost create made is gone too.
+    let text = std::fs::read_to_string(&journal).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("destroyed a")), "{text}");
+    let inst = engine.instance("c");
+    assert!(inst["resources"].as_object().unwrap().is_empty(), "{inst}");
+}
+
+#[test]
+fn an_unanswered_update_does_not_block_the_next_deploy() {
+    let root = TempDir::new("e2e-unanswered-update");
+    let engine = Engine::start(root.path());
+    let spec = |extra: &str| {
+        format!(
+            "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      payload: {extra}\n"
+        )
+    };
+    write(&root.join("u.yaml"), &spec("v1"));
+    let (code, out) = engine.json(&["deploy", "u.yaml", "--instance", "u"]);
+    assert_eq!(code, 0, "{out}");
+    // The update happens, but the plugin exits before answering.
+    write(&root.join("u.yaml"), &spec("v2\n      crashAfter: update"));
+    let (code, out) = engine.json(&["deploy", "u.yaml", "--instance", "u"]);
+    assert_eq!(code, 1, "{out}");
+    let inst = engine.instance("u");
+    assert_eq!(inst["resources"]["a"]["status"], "UPDATING", "{inst}");
+    // The next deploy updates it again.
+    write(&root.join("u.yaml"), &spec("v3"));
+    let (code, out) = engine.json(&["deploy", "u.yaml", "--instance", "u"]);
+    assert_eq!(code, 0, "{out}");
+    let inst = engine.instance("u");
+    assert_eq!(inst["resources"]["a"]["status"], "UPDATED", "{inst}");
+    assert_eq!(inst["resources"]["a"]["spec"]["payload"], "v3", "{inst}");
+}

@@ -399,6 +399,7 @@ impl Resource for SimResource {
 
     async fn update(&self, ctx: &Context, req: &UpdateRequest) -> Result<Applied> {
         self.simulate(ctx, &req.name, Op::Update, &req.spec).await?;
+        crash_after(&req.spec, Op::Update, &req.name)?;
         Ok(Applied::new(
             sim_id(&req.name),
             state_of(&req.name, &req.spec),

@@ -42,6 +42,7 @@ async fn manifest_declares_the_resource_function_and_retries() {
             "failClass",
             "failPartial",
             "crashOn",
+            "crashAfter",
             "payload",
             "id"
         ]

@@ -8,9 +8,11 @@
 //! Tasks report back over a channel; the loop never waits on a provider itself.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use serde_json::{Value as Json, json};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -218,14 +220,31 @@ fn create_job(r: &Resource, key: String) -> Apply {
     }
 }
 
-/// The key of the call `r`'s intent announced when its outcome is unknown (no answer came).
-fn unfinished_key(r: &Resource) -> Option<String> {
+/// Which provider call an intent announced.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Create,
+    Update,
+    Destroy,
+}
+
+/// The key of the call `r`'s unfinished intent announced (no answer came), when the call about
+/// to be made is that call again: the same kind and, for a create or update, the same spec
+/// (`None`: the recorded one). The provider's idempotency then finds what the lost call did.
+/// Any other call gets a key of its own: a provider may answer a reused key with the lost
+/// call's result.
+fn unfinished_key(r: &Resource, call: Call, spec: Option<&Json>) -> Option<String> {
     use crate::state::ResourceStatus as S;
-    let unfinished = matches!(
-        r.status,
-        S::CreateRequested | S::UpdateRequested | S::DestroyRequested
+    let same_call = matches!(
+        (r.status, call),
+        (S::CreateRequested, Call::Create)
+            | (S::UpdateRequested, Call::Update)
+            | (S::DestroyRequested, Call::Destroy)
     );
-    r.call_key.clone().filter(|k| unfinished && !k.is_empty())
+    let same_spec = spec.is_none_or(|s| *s == r.spec);
+    r.call_key
+        .clone()
+        .filter(|k| same_call && same_spec && !k.is_empty())
 }
 
 /// Updates a resource back to a recorded spec (rollback, reconcile).
@@ -351,7 +370,11 @@ fn schedule(
                     let ctx2 = ctx.clone();
                     in_flight += 1;
                     ctx.rt.spawn(async move {
-                        let r = run_job(ctx2, job).await;
+                        // A task that panics still reports, or the loop would wait forever.
+                        let r = AssertUnwindSafe(run_job(ctx2, job))
+                            .catch_unwind()
+                            .await
+                            .unwrap_or_else(|_| Err(PANICKED.into()));
                         let _ = tx.send(Msg::Done(i, r));
                     });
                 }
@@ -381,8 +404,13 @@ fn schedule(
                         let ctx2 = ctx.clone();
                         in_flight += 1;
                         ctx.rt.spawn(async move {
-                            let r = call(&ctx2, &job).await;
-                            let _ = tx.send(Msg::Called(i, job, r));
+                            let r = AssertUnwindSafe(call(&ctx2, &job)).catch_unwind().await;
+                            // After a panic the call's outcome is unknown: its intent stays.
+                            let m = match r {
+                                Ok(r) => Msg::Called(i, job, r),
+                                Err(_) => Msg::Done(i, Err(PANICKED.into())),
+                            };
+                            let _ = tx.send(m);
                         });
                     }
                 }
@@ -417,6 +445,9 @@ fn schedule(
         None => Ok(()),
     }
 }
+
+/// What a scheduled task that panicked reports (the panic itself is in the engine's log).
+const PANICKED: &str = "an engine task panicked during the provider call (a bug; the engine log has it); the resource is left for reconcile";
 
 /// How a schedule treats a stop request and a failure.
 #[derive(Clone, Copy)]
@@ -830,21 +861,24 @@ pub fn deploy(
             match (p.action, recorded.get(p.name.as_str())) {
                 (Action::Update, Some(current)) => Apply::Update {
                     current: (*current).clone(),
+                    key: unfinished_key(current, Call::Update, Some(&spec))
+                        .unwrap_or_else(|| ctx.key(&p.name, "update")),
                     spec,
                     depends_on,
                     metadata,
-                    key: ctx.key(&p.name, "update"),
                 },
-                (_, current) => Apply::Create {
+                (action, current) => Apply::Create {
                     name: p.name.clone(),
                     ty: p.resource_type.clone(),
+                    // A create whose answer never came is asked again with its key (not a
+                    // recreate: its old version is gone, and the new one is a new call).
+                    key: current
+                        .filter(|_| action == Action::Create)
+                        .and_then(|r| unfinished_key(r, Call::Create, Some(&spec)))
+                        .unwrap_or_else(|| ctx.key(&p.name, "create")),
                     spec,
                     depends_on,
                     metadata,
-                    // A create whose answer never came is asked again with its own key.
-                    key: current
-                        .and_then(|r| unfinished_key(r))
-                        .unwrap_or_else(|| ctx.key(&p.name, "create")),
                 },
             },
         )))
@@ -1093,6 +1127,35 @@ fn destroy_in_order(
     links: &[crate::state::Link],
     policy: Policy,
 ) -> (Outcome, Vec<Done>) {
+    use crate::state::ResourceStatus as S;
+    // A create that never answered has no external id, so a destroy would ask the provider
+    // nothing: ask first whether it happened (as reconcile's accept does), then destroy what
+    // it made; a record of nothing is forgotten.
+    let unanswered: Vec<&Resource> = resources
+        .iter()
+        .copied()
+        .filter(|r| r.status == S::CreateRequested)
+        .collect();
+    let settled;
+    let resources: Vec<&Resource> = if unanswered.is_empty() {
+        resources.to_vec()
+    } else {
+        settled = match settle_unanswered(ctx, &unanswered, policy) {
+            Ok(state) => state,
+            Err(error) => {
+                let stopped = ctx.stop.is_cancelled();
+                return (Outcome::Failed { error, stopped }, Vec::new());
+            }
+        };
+        resources
+            .iter()
+            .filter_map(|r| match r.status {
+                S::CreateRequested => settled.resource(&r.name),
+                _ => Some(*r),
+            })
+            .collect()
+    };
+    let resources = resources.as_slice();
     let index: HashMap<&str, usize> = resources
         .iter()
         .enumerate()
@@ -1137,6 +1200,43 @@ fn destroy_in_order(
     }
 }
 
+/// Asks the provider about creates that never answered (reconcile's accept, in parallel):
+/// what exists is recorded as created, a record of nothing is forgotten. The instance's state
+/// afterwards.
+fn settle_unanswered(
+    ctx: &Arc<RunContext>,
+    unanswered: &[&Resource],
+    policy: Policy,
+) -> Result<InstanceState, String> {
+    let inst = &ctx.operation.instance_id;
+    let load = || {
+        ctx.rt
+            .block_on(ctx.store.load_state(inst))
+            .map_err(|e| ctx.store_error(&e))
+    };
+    let checker = Arc::new(ctx.rt.block_on(super::drift::Checker::load(
+        ctx.provisioner.as_ref(),
+        &load()?,
+    )));
+    let mut nodes: Vec<Node> = unanswered
+        .iter()
+        .map(|_| Node {
+            deps: Vec::new(),
+            dependents: Vec::new(),
+            waiting: 0,
+        })
+        .collect();
+    let start = |i: usize| -> Result<Option<Job>, String> {
+        Ok(Some(Job::Settle {
+            resource: unanswered[i].clone(),
+            accept: true,
+            checker: checker.clone(),
+        }))
+    };
+    schedule(ctx, &mut nodes, policy, start, |_, _| {}).map_err(|(e, _)| e)?;
+    load()
+}
+
 /// Puts the instance back as it was `before` a deploy that did `done`, in parallel where no
 /// dependency orders the steps, whether or not the operation was asked to stop:
 /// 1. what the deploy created, and what a failed create left behind, is destroyed, dependents
@@ -1157,7 +1257,7 @@ pub fn rollback(
             .block_on(ctx.store.load_state(inst))
             .map_err(|e| format!("state store: {e}"))
     };
-    let mut now = load()?;
+    let now = load()?;
     let mut first_error: Option<String> = None;
     let mut note = |r: Result<(), String>| {
         if let Err(e) = r
@@ -1166,38 +1266,6 @@ pub fn rollback(
             first_error = Some(e);
         }
     };
-    // 0. Creates that never answered: the provider is asked whether they happened, so what
-    // they made is destroyed below rather than forgotten.
-    let unanswered: Vec<&Resource> = now
-        .resources
-        .iter()
-        .filter(|r| r.status == S::CreateRequested && before.resource(&r.name).is_none())
-        .collect();
-    if !unanswered.is_empty() {
-        let checker = Arc::new(
-            ctx.rt
-                .block_on(super::drift::Checker::load(ctx.provisioner.as_ref(), &now)),
-        );
-        let mut nodes: Vec<Node> = unanswered
-            .iter()
-            .map(|_| Node {
-                deps: Vec::new(),
-                dependents: Vec::new(),
-                waiting: 0,
-            })
-            .collect();
-        let start = |i: usize| -> Result<Option<Job>, String> {
-            Ok(Some(Job::Settle {
-                resource: unanswered[i].clone(),
-                accept: true,
-                checker: checker.clone(),
-            }))
-        };
-        if let Err((error, _)) = schedule(ctx, &mut nodes, ROLLBACK, start, |_, _| {}) {
-            note(Err(error));
-        }
-        now = load()?;
-    }
     // Recreated by the deploy (its old version destroyed, a new one created): the new one goes,
     // and the old one is created again, since what made the deploy recreate it cannot be
     // updated back either.
@@ -1307,9 +1375,15 @@ pub fn rollback(
         Ok(Some(Job::Apply(match current {
             // A record of a create that failed or never finished: created as it was.
             Some(c) if matches!(c.status, S::CreateRequested | S::CreateFailed) => {
-                create_job(was, ctx.key(&was.name, "rollback-create"))
+                let key = unfinished_key(c, Call::Create, Some(&was.spec))
+                    .unwrap_or_else(|| ctx.key(&was.name, "rollback-create"));
+                create_job(was, key)
             }
-            Some(c) => update_to(c, was, ctx.key(&was.name, "rollback-update")),
+            Some(c) => {
+                let key = unfinished_key(c, Call::Update, Some(&was.spec))
+                    .unwrap_or_else(|| ctx.key(&was.name, "rollback-update"));
+                update_to(c, was, key)
+            }
             None => create_job(was, ctx.key(&was.name, "rollback-create")),
         })))
     };
@@ -1377,7 +1451,8 @@ async fn reconcile_one(
         async move {
             // A create whose answer never came is asked again with the key it was sent with,
             // so the provider's idempotency finds it instead of creating a second one.
-            let key = unfinished_key(&r).unwrap_or_else(|| ctx.key(&r.name, "create"));
+            let key = unfinished_key(&r, Call::Create, None)
+                .unwrap_or_else(|| ctx.key(&r.name, "create"));
             create(&ctx, &r, key).await.map(drop)
         }
     };
@@ -1456,7 +1531,8 @@ async fn reconcile_one(
         // Reapply: the provider's idempotent apply settles an unfinished create.
         S::CreateRequested | S::CreateFailed => recreate(ctx).await,
         S::DestroyRequested | S::DestroyFailed => {
-            let key = unfinished_key(r).unwrap_or_else(|| ctx.key(&r.name, "destroy"));
+            let key = unfinished_key(r, Call::Destroy, None)
+                .unwrap_or_else(|| ctx.key(&r.name, "destroy"));
             destroy(ctx, r, &key).await
         }
         S::UpdateRequested | S::UpdateFailed | S::Created | S::Updated => {
@@ -1530,7 +1606,8 @@ async fn reconcile_one(
                         .map(drop)
                         .map_err(fail)
                     } else {
-                        let key = unfinished_key(r).unwrap_or_else(|| ctx.key(&r.name, "update"));
+                        let key = unfinished_key(r, Call::Update, None)
+                            .unwrap_or_else(|| ctx.key(&r.name, "update"));
                         let job = update_to(r, r, key);
                         if r.status == S::UpdateRequested {
                             ctx.commit(

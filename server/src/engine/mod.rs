@@ -1236,10 +1236,12 @@ impl Engine {
             .await
             .unwrap_or_else(|e| Finish::failed(format!("the operation panicked: {e}")));
             heartbeat_done.cancel();
-            // Stopped by a drain: the operation is left running for `interrupt_own` to mark.
+            // Stopped by a drain: the operation is left running for the drain to mark
+            // interrupted. One that succeeded all the same is recorded as it ended.
             let drained = this.draining.load(Ordering::SeqCst)
                 && stop.is_cancelled()
-                && !cancel_requested.load(Ordering::SeqCst);
+                && !cancel_requested.load(Ordering::SeqCst)
+                && finish.error.is_some();
             if !drained {
                 let cancelled = cancel_requested.load(Ordering::SeqCst);
                 this.record_end(&ctx, finish, cancelled).await;
@@ -1297,6 +1299,12 @@ impl Engine {
                     Err(e @ StateError::Fenced { .. }) => {
                         tracing::warn!(operation = %id, error = %e, "another engine took the instance over; it records the operation as interrupted");
                         break;
+                    }
+                    // Only a failing store (disk, database) may heal; anything else will not,
+                    // and the next start marks the operation interrupted.
+                    Err(e) if !matches!(e, StateError::Io(_) | StateError::Db(_)) => {
+                        tracing::error!(operation = %id, error = %e, "the end of the operation cannot be recorded; the next start marks it interrupted");
+                        return;
                     }
                     Err(e) => {
                         tracing::warn!(operation = %id, error = %e, retry_in = ?wait, "the state store still refuses the end of the operation")
@@ -1944,7 +1952,8 @@ impl Engine {
     /// Waits until an operation ends.
     async fn wait_operation(&self, id: &str) -> Result<Operation> {
         loop {
-            let op = self.store.get_operation(id).await?;
+            // Through the engine: a child's ending the store refused counts as its end.
+            let op = self.get_operation(id).await?;
             if op.status.is_terminal() {
                 return Ok(op);
             }

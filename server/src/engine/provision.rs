@@ -57,6 +57,8 @@ impl Failure {
             PluginError::Crashed { .. }
                 | PluginError::DeadlineExceeded { .. }
                 | PluginError::Transport { .. }
+                // An answer that could not be read: the provider may have acted.
+                | PluginError::Protocol { .. }
         );
         Failure {
             unknown,

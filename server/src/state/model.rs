@@ -545,7 +545,11 @@ pub fn resource_transition(
         Change::IntendUpdate { name, .. } => (
             name,
             Some(S::UpdateRequested),
-            matches!(current, Some(S::Created | S::Updated | S::UpdateFailed)),
+            // Again from `UpdateRequested`: an update whose answer never came is asked again.
+            matches!(
+                current,
+                Some(S::Created | S::Updated | S::UpdateFailed | S::UpdateRequested)
+            ),
         ),
         Change::ResourceUpdated { name, .. } => {
             (name, Some(S::Updated), current == Some(S::UpdateRequested))
