@@ -968,13 +968,16 @@ async fn follow_operation(
     let target = WatchTarget::Operation(op.id.clone());
     let result = watch(client, &target, 0, &mut display).await;
     display.clear();
-    result?;
+    let last = result?;
     let request = pb::GetOperationRequest {
         operation_id: op.id.clone(),
     };
-    let done = match client.api.get_operation(request).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => return Err(client.fail(s)),
+    let done = match (client.api.get_operation(request).await, last) {
+        (Ok(r), _) => r.into_inner(),
+        // The engine may stop right after the operation ends (a drain waits for exactly
+        // that): its last event says how it ended.
+        (Err(s), Some(last)) if retryable(s.code()) => ended_as(&op, &last),
+        (Err(s), _) => return Err(client.fail(s)),
     };
     match format {
         OutputFormat::Json => {
@@ -998,6 +1001,27 @@ enum WatchTarget {
     Instance { name: String, follow: bool },
 }
 
+/// `op` as its terminal event (`operation.finished` or `operation.interrupted`) says it ended.
+fn ended_as(op: &pb::Operation, last: &pb::Event) -> pb::Operation {
+    let p = payload(last);
+    let status = match (last.kind.as_str(), p.get("status").and_then(Json::as_str)) {
+        ("operation.interrupted", _) => pb::OperationStatus::Interrupted,
+        (_, Some("succeeded")) => pb::OperationStatus::Succeeded,
+        (_, Some("cancelled")) => pb::OperationStatus::Cancelled,
+        (_, Some("interrupted")) => pb::OperationStatus::Interrupted,
+        _ => pb::OperationStatus::Failed,
+    };
+    pb::Operation {
+        status: status as i32,
+        error: p
+            .get("error")
+            .and_then(Json::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        ..op.clone()
+    }
+}
+
 /// What a watch does with what it receives.
 trait WatchSink {
     fn event(&mut self, event: &pb::Event) -> Result<(), Failure>;
@@ -1008,13 +1032,13 @@ trait WatchSink {
 /// Follows a watch stream until it ends (an operation's last event, or an
 /// instance's events so far unless following), reconnecting after transport errors and
 /// resuming after the last sequence number seen: the engine promises nothing is missed or
-/// repeated.
+/// repeated. Returns an operation's terminal event when the stream ended on it.
 async fn watch(
     client: &mut Client,
     target: &WatchTarget,
     after: u64,
     sink: &mut dyn WatchSink,
-) -> Result<(), Failure> {
+) -> Result<Option<pb::Event>, Failure> {
     let mut after = after;
     let mut attempt = 0u32;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -1065,7 +1089,7 @@ async fn watch(
                                     if matches!(target, WatchTarget::Operation(_))
                                         && is_last_event(&event.kind)
                                     {
-                                        return Ok(());
+                                        return Ok(Some(event));
                                     }
                                 }
                                 Some(pb::watch_response::Item::Heartbeat(_)) | None => {
@@ -1074,12 +1098,12 @@ async fn watch(
                             }
                         }
                         Ok(None) => match target {
-                            WatchTarget::Instance { follow: false, .. } => return Ok(()),
+                            WatchTarget::Instance { follow: false, .. } => return Ok(None),
                             // An operation's stream ends after `operation.finished`; ending
                             // before it (the engine shutting down) means: look, then resume.
                             WatchTarget::Operation(id) => {
                                 if operation_ended(client, id).await? {
-                                    return Ok(());
+                                    return Ok(None);
                                 }
                                 break tonic::Status::unavailable("the stream ended early");
                             }
@@ -1108,7 +1132,7 @@ async fn watch(
 }
 
 /// Ctrl-C: the normal end of `events --follow`; for an operation, a note that it goes on.
-fn interrupted(target: &WatchTarget) -> Result<(), Failure> {
+fn interrupted(target: &WatchTarget) -> Result<Option<pb::Event>, Failure> {
     match target {
         WatchTarget::Operation(id) => Err(Failure::new(
             130,
@@ -1118,7 +1142,7 @@ fn interrupted(target: &WatchTarget) -> Result<(), Failure> {
                  stops it)"
             ),
         )),
-        WatchTarget::Instance { .. } => Ok(()),
+        WatchTarget::Instance { .. } => Ok(None),
     }
 }
 
@@ -3102,6 +3126,31 @@ To deploy it: trellis deploy --change-set cs_1
             at_unix_ms: 1_700_000_000_123,
             operation_id: "op_1".into(),
         }
+    }
+
+    #[test]
+    fn an_operation_ends_as_its_terminal_event_says_when_the_engine_is_gone() {
+        let op = pb::Operation {
+            id: "op_1".into(),
+            status: pb::OperationStatus::Running as i32,
+            ..Default::default()
+        };
+        let ok = event(9, "operation.finished", json!({"status": "succeeded"}));
+        assert_eq!(ended_as(&op, &ok).status(), pb::OperationStatus::Succeeded);
+        let failed = event(
+            9,
+            "operation.finished",
+            json!({"status": "failed", "error": "boom"}),
+        );
+        let done = ended_as(&op, &failed);
+        assert_eq!(done.status(), pb::OperationStatus::Failed);
+        assert_eq!(done.error, "boom");
+        assert_eq!(done.id, "op_1");
+        let cut = event(9, "operation.interrupted", json!({}));
+        assert_eq!(
+            ended_as(&op, &cut).status(),
+            pb::OperationStatus::Interrupted
+        );
     }
 
     #[test]
