@@ -5,10 +5,9 @@
 mod engine_common;
 mod plugins_common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use engine_common::{Engine, write};
+use engine_common::{Engine, all_output, cli_in_background, write};
 use plugins_common::TempDir;
 
 /// Three sim resources in a chain, each call taking `latency` ms.
@@ -18,39 +17,14 @@ fn chain(latency: u64) -> String {
     )
 }
 
-/// Starts `trellis deploy chain.yaml` in the background and returns once its first provider
-/// call is in flight (the first create's intent is recorded). The caller waits for the child.
-#[allow(clippy::zombie_processes)]
+/// `trellis deploy chain.yaml` in the background, once its first call is in flight.
 fn deploy_in_background(engine: &Engine) -> std::process::Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .args([
-            "deploy",
-            "chain.yaml",
-            "--instance",
-            "d",
-            "--format",
-            "json",
-        ])
-        .args(["--engine", &engine.addr])
-        .current_dir(&engine.cwd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A hang bound, not a timing assertion.
-    let limit = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = engine.cli(&["events", "--instance", "d", "--format", "json"]);
-        if String::from_utf8_lossy(&out.stdout).contains("resource.create_requested") {
-            return child;
-        }
-        if Instant::now() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the deploy never started a call");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    cli_in_background(
+        engine,
+        &["deploy", "chain.yaml", "--instance", "d"],
+        "d",
+        "resource.create_requested",
+    )
 }
 
 #[test]
@@ -87,11 +61,7 @@ fn a_drain_that_runs_out_interrupts_and_says_the_engine_shut_down() {
     let deploy = deploy_in_background(&engine);
     assert_eq!(engine.terminate_within(Duration::from_secs(120)), Some(0));
     let out = deploy.wait_with_output().unwrap();
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let all = all_output(&out);
     assert_ne!(out.status.code(), Some(0), "{all}");
     // The call in flight came back and was recorded (a safe point); the rest never started.
     let engine = Engine::start(root.path());

@@ -6,29 +6,10 @@ mod plugins_common;
 
 use std::time::{Duration, Instant};
 
-use engine_common::{Engine, write};
+use engine_common::{Engine, PATIENCE, client, runtime, write};
 use plugins_common::TempDir;
 use serde_json::Value;
 use trellis_proto::engine::v1 as api;
-use trellis_proto::engine::v1::engine_client::EngineClient;
-
-/// How long to wait for progress the test needs (a bound on a hang, never on speed).
-const PATIENCE: Duration = Duration::from_secs(60);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn client(addr: &str) -> EngineClient<tonic::transport::Channel> {
-    match trellis::cli_client::connect(addr).await {
-        Ok(c) => c,
-        Err(_) => panic!("cannot connect to {addr}"),
-    }
-}
 
 /// `n` independent sim resources named `r0`.., each taking `latency` ms per call.
 fn sims(n: usize, latency: u64) -> String {

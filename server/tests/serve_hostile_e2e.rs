@@ -10,28 +10,9 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine_common::{Engine, write};
+use engine_common::{Engine, PATIENCE, client, runtime, write};
 use plugins_common::TempDir;
 use trellis_proto::engine::v1 as api;
-use trellis_proto::engine::v1::engine_client::EngineClient;
-
-/// How long to wait for progress the test needs (a bound on a hang, never on speed).
-const PATIENCE: Duration = Duration::from_secs(60);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn client(addr: &str) -> EngineClient<tonic::transport::Channel> {
-    match trellis::cli_client::connect(addr).await {
-        Ok(c) => c,
-        Err(_) => panic!("cannot connect to {addr}"),
-    }
-}
 
 /// A blueprint with `n` resources, each with an error of its own (an unknown variable).
 fn blueprint_with_errors(n: usize) -> String {

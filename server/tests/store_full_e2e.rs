@@ -7,10 +7,9 @@ mod engine_common;
 mod plugins_common;
 
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine_common::{Engine, private_tmpfs_available, write};
+use engine_common::{Engine, all_output, cli_in_background, private_tmpfs_available, write};
 use plugins_common::TempDir;
 
 const SLOW: &str = "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      latencyMs: 3000\n  b:\n    type: sim/resource\n    spec:\n      payload: ${resources.a.state.id}\n";
@@ -52,20 +51,11 @@ fn an_operation_whose_end_the_full_store_refuses_still_ends_and_is_recorded_late
         .capture_stderr()
         .start();
     write(&root.join("slow.yaml"), SLOW);
-    let deploy = Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .args(["deploy", "slow.yaml", "--instance", "u", "--format", "json"])
-        .args(["--engine", &engine.addr])
-        .current_dir(&engine.cwd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(
-        eventually(Duration::from_secs(60), || {
-            let out = engine.cli(&["events", "--instance", "u", "--format", "json"]);
-            String::from_utf8_lossy(&out.stdout).contains("resource.create_requested")
-        }),
-        "the deploy never started its call"
+    let deploy = cli_in_background(
+        &engine,
+        &["deploy", "slow.yaml", "--instance", "u"],
+        "u",
+        "resource.create_requested",
     );
     // `a`'s call is in flight (3 s): the disk fills before its outcome is written.
     let filler = fill(&engine.data_seen_by_engine());
@@ -82,11 +72,7 @@ fn an_operation_whose_end_the_full_store_refuses_still_ends_and_is_recorded_late
         panic!("the deploy's client never saw the operation end");
     }
     let out = deploy.wait_with_output().unwrap();
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let all = all_output(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("\"FAILED\""), "{all}");
     assert!(all.contains("not recorded yet"), "{all}");

@@ -275,6 +275,47 @@ struct Node {
     waiting: usize,
 }
 
+/// Which way a schedule over resources follows their `depends_on`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// Dependencies first (creates, updates).
+    Forward,
+    /// Dependents first (destroys).
+    Reverse,
+    /// No order: all at once.
+    Unordered,
+}
+
+/// The nodes of a schedule over `resources`, ordered by their `depends_on` among themselves.
+fn nodes_for(resources: &[&Resource], order: Order) -> Vec<Node> {
+    let mut nodes: Vec<Node> = resources
+        .iter()
+        .map(|_| Node {
+            deps: Vec::new(),
+            dependents: Vec::new(),
+            waiting: 0,
+        })
+        .collect();
+    if order == Order::Unordered {
+        return nodes;
+    }
+    let index: HashMap<&str, usize> = resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name.as_str(), i))
+        .collect();
+    for (i, r) in resources.iter().enumerate() {
+        for d in &r.depends_on {
+            match index.get(d.as_str()) {
+                Some(&j) if j != i && order == Order::Forward => nodes[i].deps.push(j),
+                Some(&j) if j != i => nodes[j].deps.push(i),
+                _ => {}
+            }
+        }
+    }
+    nodes
+}
+
 /// Runs nodes in dependency order, up to `max_parallel` at once. `start(i)` is called on the
 /// loop thread when node `i` is ready: it returns the job to run, `Ok(None)` when there is
 /// nothing to do (the node is done at once), or an error that fails the node. `finish` sees
@@ -1156,33 +1197,12 @@ fn destroy_in_order(
             .collect()
     };
     let resources = resources.as_slice();
-    let index: HashMap<&str, usize> = resources
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.name.as_str(), i))
-        .collect();
     let linked: std::collections::HashSet<&str> = links
         .iter()
         .flat_map(|l| [l.resource_a.as_str(), l.resource_b.as_str()])
         .collect();
     // A resource waits for the destruction of every resource that depends on it.
-    let mut nodes: Vec<Node> = resources
-        .iter()
-        .map(|_| Node {
-            deps: Vec::new(),
-            dependents: Vec::new(),
-            waiting: 0,
-        })
-        .collect();
-    for (i, r) in resources.iter().enumerate() {
-        for d in &r.depends_on {
-            if let Some(&j) = index.get(d.as_str())
-                && j != i
-            {
-                nodes[j].deps.push(i);
-            }
-        }
-    }
+    let mut nodes = nodes_for(resources, Order::Reverse);
     let mut completed = Vec::new();
     let start = |i: usize| -> Result<Option<Job>, String> {
         let current = resources[i].clone();
@@ -1218,14 +1238,7 @@ fn settle_unanswered(
         ctx.provisioner.as_ref(),
         &load()?,
     )));
-    let mut nodes: Vec<Node> = unanswered
-        .iter()
-        .map(|_| Node {
-            deps: Vec::new(),
-            dependents: Vec::new(),
-            waiting: 0,
-        })
-        .collect();
+    let mut nodes = nodes_for(unanswered, Order::Unordered);
     let start = |i: usize| -> Result<Option<Job>, String> {
         Ok(Some(Job::Settle {
             resource: unanswered[i].clone(),
@@ -1353,23 +1366,8 @@ pub fn rollback(
             changed.then_some((was, current))
         })
         .collect();
-    let index: HashMap<&str, usize> = restore
-        .iter()
-        .enumerate()
-        .map(|(i, (r, _))| (r.name.as_str(), i))
-        .collect();
-    let mut nodes: Vec<Node> = restore
-        .iter()
-        .map(|(r, _)| Node {
-            deps: r
-                .depends_on
-                .iter()
-                .filter_map(|d| index.get(d.as_str()).copied())
-                .collect(),
-            dependents: Vec::new(),
-            waiting: 0,
-        })
-        .collect();
+    let was: Vec<&Resource> = restore.iter().map(|(r, _)| *r).collect();
+    let mut nodes = nodes_for(&was, Order::Forward);
     let start = |i: usize| -> Result<Option<Job>, String> {
         let (was, current) = restore[i];
         Ok(Some(Job::Apply(match current {
@@ -1652,33 +1650,8 @@ pub fn reconcile_all(
     let (destroys, rest): (Vec<&Resource>, Vec<&Resource>) =
         chosen.into_iter().partition(destroying);
     let mut errors = Vec::new();
-    for (group, reverse) in [(destroys, true), (rest, false)] {
-        let index: HashMap<&str, usize> = group
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.name.as_str(), i))
-            .collect();
-        let mut nodes: Vec<Node> = group
-            .iter()
-            .map(|_| Node {
-                deps: Vec::new(),
-                dependents: Vec::new(),
-                waiting: 0,
-            })
-            .collect();
-        for (i, r) in group.iter().enumerate() {
-            for d in &r.depends_on {
-                if let Some(&j) = index.get(d.as_str())
-                    && j != i
-                {
-                    if reverse {
-                        nodes[j].deps.push(i);
-                    } else {
-                        nodes[i].deps.push(j);
-                    }
-                }
-            }
-        }
+    for (group, order) in [(destroys, Order::Reverse), (rest, Order::Forward)] {
+        let mut nodes = nodes_for(&group, order);
         let start = |i: usize| -> Result<Option<Job>, String> {
             Ok(Some(Job::Settle {
                 resource: group[i].clone(),

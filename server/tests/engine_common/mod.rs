@@ -454,3 +454,62 @@ pub fn planned_new(plan: &Value, index: usize, path: &str) -> Option<Value> {
         .find(|f| f["path"] == path)
         .map(|f| f["new"].clone())
 }
+
+/// How long to wait for progress a test needs (a bound on a hang, never on speed).
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A runtime for tests that talk gRPC to an engine themselves.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An engine API client on `addr`.
+pub async fn client(
+    addr: &str,
+) -> trellis_proto::engine::v1::engine_client::EngineClient<tonic::transport::Channel> {
+    match trellis::cli_client::connect(addr).await {
+        Ok(c) => c,
+        Err(_) => panic!("cannot connect to {addr}"),
+    }
+}
+
+/// Starts a client command (`args`, with `--format json`) in the background against `engine`
+/// and returns once `instance` has an event of `kind` (a call in flight, typically). The caller
+/// waits for the child.
+#[allow(clippy::zombie_processes)]
+pub fn cli_in_background(engine: &Engine, args: &[&str], instance: &str, kind: &str) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(args)
+        .args(["--format", "json", "--engine", &engine.addr])
+        .current_dir(&engine.cwd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let limit = Instant::now() + PATIENCE;
+    loop {
+        let out = engine.cli(&["events", "--instance", instance, "--format", "json"]);
+        if String::from_utf8_lossy(&out.stdout).contains(kind) {
+            return child;
+        }
+        if Instant::now() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no {kind} event on {instance}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What a command wrote, stdout then stderr.
+pub fn all_output(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
