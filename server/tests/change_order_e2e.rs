@@ -18,6 +18,18 @@ fn files(list: &str, content: &str) -> String {
     )
 }
 
+/// Planning `file` for `instance` again changes nothing.
+fn plans_no_change(engine: &Engine, file: &str, instance: &str) {
+    let (code, plan) = engine.json(&["plan", file, "--instance", instance]);
+    assert_eq!(code, 0, "{plan}");
+    assert!(
+        actions(&plan["changeSet"]["resources"])
+            .iter()
+            .all(|(_, a)| a == "NO_CHANGE"),
+        "{plan}"
+    );
+}
+
 fn listing(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
@@ -50,14 +62,7 @@ fn remove_middle_element(content: &str) {
     let c = std::fs::read_to_string(root.join("out/c.txt")).unwrap();
     assert_eq!(c, content.replace("${elem}", "c"));
     // State agrees with the disk: nothing left to change, nothing drifted.
-    let (code, plan) = engine.json(&["plan", "files.yaml", "--instance", "f"]);
-    assert_eq!(code, 0, "{plan}");
-    assert!(
-        actions(&plan["changeSet"]["resources"])
-            .iter()
-            .all(|(_, a)| a == "NO_CHANGE"),
-        "{plan}"
-    );
+    plans_no_change(&engine, "files.yaml", "f");
     let (code, drift) = engine.json(&["drift", "--instance", "f"]);
     assert_eq!(code, 0, "{drift}");
 }
@@ -173,14 +178,7 @@ fn after_a_rolled_back_update_state_holds_what_is_there() {
     }
     // The blueprint as it was deployed before plans no change.
     write(&root.join("sim.yaml"), SIM_V1);
-    let (code, plan) = engine.json(&["plan", "sim.yaml", "--instance", "s"]);
-    assert_eq!(code, 0, "{plan}");
-    assert!(
-        actions(&plan["changeSet"]["resources"])
-            .iter()
-            .all(|(_, a)| a == "NO_CHANGE"),
-        "{plan}"
-    );
+    plans_no_change(&engine, "sim.yaml", "s");
 }
 
 #[test]
