@@ -229,3 +229,32 @@ fn a_rollback_puts_recreated_resources_back_as_they_were() {
         );
     }
 }
+
+#[test]
+fn a_resource_whose_destroy_failed_is_updated_when_the_blueprint_wants_it_again() {
+    let root = TempDir::new("e2e-destroy-failed-back");
+    let engine = Engine::start(root.path());
+    let v1 = "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      payload: x\n  b:\n    type: sim/resource\n    spec:\n      payload: y\n      failOn: destroy\n      failClass: badInput\n";
+    let v2 = "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      payload: x\n";
+    write(&root.join("bp.yaml"), v1);
+    let (code, out) = engine.json(&["deploy", "bp.yaml", "--instance", "d"]);
+    assert_eq!(code, 0, "{out}");
+    // b is dropped, and its destroy fails.
+    write(&root.join("bp.yaml"), v2);
+    let (code, out) = engine.json(&["deploy", "bp.yaml", "--instance", "d"]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(
+        engine.instance("d")["resources"]["b"]["status"],
+        "DESTROY_FAILED"
+    );
+    // The blueprint wants b again: it is updated to its spec, not refused.
+    write(
+        &root.join("bp.yaml"),
+        &v1.replace("failOn: destroy", "failOn: create"),
+    );
+    let (code, out) = engine.json(&["deploy", "bp.yaml", "--instance", "d"]);
+    assert_eq!(code, 0, "{out}");
+    let inst = engine.instance("d");
+    assert_eq!(inst["resources"]["b"]["status"], "UPDATED", "{inst}");
+    assert_eq!(inst["resources"]["b"]["spec"]["failOn"], "create", "{inst}");
+}

@@ -546,9 +546,17 @@ pub fn resource_transition(
             name,
             Some(S::UpdateRequested),
             // Again from `UpdateRequested`: an update whose answer never came is asked again.
+            // From a destroy that did not finish: the blueprint wants the resource after all.
             matches!(
                 current,
-                Some(S::Created | S::Updated | S::UpdateFailed | S::UpdateRequested)
+                Some(
+                    S::Created
+                        | S::Updated
+                        | S::UpdateFailed
+                        | S::UpdateRequested
+                        | S::DestroyFailed
+                        | S::DestroyRequested
+                )
             ),
         ),
         Change::ResourceUpdated { name, .. } => {
