@@ -1265,12 +1265,10 @@ pub fn rollback(
 ) -> Result<(), String> {
     use crate::state::ResourceStatus as S;
     let inst = &ctx.operation.instance_id;
-    let load = || {
-        ctx.rt
-            .block_on(ctx.store.load_state(inst))
-            .map_err(|e| format!("state store: {e}"))
-    };
-    let now = load()?;
+    let now = ctx
+        .rt
+        .block_on(ctx.store.load_state(inst))
+        .map_err(|e| ctx.store_error(&e))?;
     let mut first_error: Option<String> = None;
     let mut note = |r: Result<(), String>| {
         if let Err(e) = r
@@ -1322,7 +1320,7 @@ pub fn rollback(
         note(
             ctx.commit_blocking(changes, events)
                 .map(drop)
-                .map_err(|e| format!("state store: {e}")),
+                .map_err(|e| ctx.store_error(&e)),
         );
     }
     let (outcome, _) = destroy_in_order(ctx, &doomed, &now.links, ROLLBACK);
@@ -1844,7 +1842,7 @@ async fn unlink_all(ctx: &RunContext, name: &str) -> Result<(), String> {
         .store
         .load_state(&ctx.operation.instance_id)
         .await
-        .map_err(|e| format!("state store: {e}"))?;
+        .map_err(|e| ctx.store_error(&e))?;
     for l in state
         .links
         .iter()

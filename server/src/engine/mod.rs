@@ -14,6 +14,7 @@ pub mod diff;
 pub mod drift;
 pub mod exec;
 pub mod links;
+pub mod names;
 mod paths;
 pub mod plan;
 pub mod prepare;
@@ -404,6 +405,9 @@ impl Engine {
         source: Source,
         variables: Vec<(String, String)>,
     ) -> Result<ChangeSetView> {
+        if let Some(why) = names::instance_name_problem(instance) {
+            return Err(EngineError::InvalidArgument(why));
+        }
         if request_id.is_empty() {
             return self
                 .create_change_set_in(instance, source, variables, Vec::new(), None, None)

@@ -170,16 +170,10 @@ fn target_secrets(target: &Target) -> Vec<String> {
     out
 }
 
-/// `message` without the secrets of a call (or withheld, see [`crate::redact::redact`]), nor
-/// those of the operations running now.
-fn redact(message: &str, secrets: &[String]) -> String {
-    crate::redact::redact(message, secrets)
-}
-
 impl Failure {
     fn redacted(self, secrets: &[String]) -> Failure {
         Failure {
-            message: redact(&self.message, secrets),
+            message: crate::redact::redact(&self.message, secrets),
             partial: self.partial.map(|a| a.marked(secrets)),
             unknown: self.unknown,
         }
@@ -535,6 +529,7 @@ impl Provisioner for PluginProvisioner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redact::redact;
     use serde_json::json;
 
     #[test]

@@ -327,21 +327,25 @@ impl Slot {
         }
     }
 
+    /// The breaker's refusal, open for `retry_in` more.
+    fn circuit_open(&self, h: &Health, retry_in: Duration) -> PluginError {
+        PluginError::CircuitOpen {
+            plugin: self.binary.name.clone(),
+            crashes: h.failures.len().max(h.consecutive as usize),
+            window: self.shared.config.breaker.window,
+            retry_in,
+            last_error: h.last_error.clone(),
+        }
+    }
+
     /// Why a caller should not wait for a launch, if the plugin is failing: the breaker is
     /// open, or (given the caller's `deadline`) a launch is scheduled after it. Without a
     /// deadline (the caller's has passed), any launch still waiting out its backoff.
     fn restarting(&self, deadline: Option<Instant>) -> Option<PluginError> {
-        let cfg = &self.shared.config;
         let h = lock(&self.health);
         let now = Instant::now();
         if let Some(until) = h.open_until.filter(|u| *u > now) {
-            return Some(PluginError::CircuitOpen {
-                plugin: self.binary.name.clone(),
-                crashes: h.failures.len().max(h.consecutive as usize),
-                window: cfg.breaker.window,
-                retry_in: until - now,
-                last_error: h.last_error.clone(),
-            });
+            return Some(self.circuit_open(&h, until - now));
         }
         let failing = match (deadline, h.next_start) {
             (Some(deadline), Some(at)) => at > deadline,
@@ -365,13 +369,7 @@ impl Slot {
         let now = Instant::now();
         if let Some(until) = h.open_until {
             if now < until {
-                return Err(PluginError::CircuitOpen {
-                    plugin: self.binary.name.clone(),
-                    crashes: h.failures.len().max(h.consecutive as usize),
-                    window: cfg.breaker.window,
-                    retry_in: until - now,
-                    last_error: h.last_error.clone(),
-                });
+                return Err(self.circuit_open(&h, until - now));
             }
             // Half-open: one launch may try.
             h.open_until = None;
