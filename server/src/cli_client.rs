@@ -810,18 +810,8 @@ fn changed_resources(cs: &pb::ChangeSet) -> usize {
 }
 
 async fn destroy(client: &mut Client, args: &DestroyArgs) -> Result<u8, Failure> {
-    // The number of resources sizes the progress line; if the instance cannot be read, the
-    // destroy call below reports why.
-    let request = pb::GetInstanceRequest {
-        instance: args.instance.clone(),
-        reveal_secrets: false,
-    };
-    let sizing = client
-        .api
-        .get_instance(request)
-        .await
-        .ok()
-        .map(|r| r.into_inner().resources.len());
+    // The engine announces how many resources go in the operation's first event, which sizes
+    // the progress line (reading the whole instance for it would cost as much as a plan).
     let request = pb::DestroyRequest {
         request_id: args.request.resolve(),
         instance: args.instance.clone(),
@@ -830,7 +820,7 @@ async fn destroy(client: &mut Client, args: &DestroyArgs) -> Result<u8, Failure>
         Ok(r) => r.into_inner(),
         Err(s) => return Err(client.fail(s)),
     };
-    follow_operation(client, op, Watched::sized(sizing), args.engine.format).await
+    follow_operation(client, op, Watched::default(), args.engine.format).await
 }
 
 async fn reconcile(client: &mut Client, args: &ReconcileArgs) -> Result<u8, Failure> {

@@ -328,7 +328,7 @@ fn schedule(
     nodes: &mut [Node],
     policy: Policy,
     mut start: impl FnMut(usize) -> Result<Option<Job>, String>,
-    mut finish: impl FnMut(usize, &Done),
+    mut finish: impl FnMut(usize, Done),
 ) -> Result<(), (String, bool)> {
     for i in 0..nodes.len() {
         let deps = nodes[i].deps.clone();
@@ -378,7 +378,7 @@ fn schedule(
             match result {
                 Ok(d) => {
                     done += 1;
-                    finish(i, &d);
+                    finish(i, d);
                     release(nodes, &mut ready, i);
                 }
                 Err(e) => {
@@ -956,7 +956,7 @@ pub fn deploy(
                 },
                 |_, d| {
                     let mut fresh = fresh_cell.lock().unwrap_or_else(|e| e.into_inner());
-                    match d {
+                    match &d {
                         Done::Created { name, state } => {
                             fresh.insert(name.clone(), state.clone());
                         }
@@ -965,7 +965,7 @@ pub fn deploy(
                         }
                         Done::Deleted { .. } | Done::Settled { .. } => {}
                     }
-                    completed.push(d.clone());
+                    completed.push(d);
                 },
             );
             if let Err((error, stopped)) = scheduled {
@@ -1213,7 +1213,7 @@ fn destroy_in_order(
             Job::Apply(Apply::Destroy { current, key })
         }))
     };
-    let finish = |_: usize, d: &Done| completed.push(d.clone());
+    let finish = |_: usize, d: Done| completed.push(d);
     match schedule(ctx, &mut nodes, policy, start, finish) {
         Ok(()) => (Outcome::Succeeded, completed),
         Err((error, stopped)) => (Outcome::Failed { error, stopped }, completed),

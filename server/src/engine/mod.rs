@@ -1096,6 +1096,13 @@ impl Engine {
         self.accepting()?;
         let inst = self.instance_named(instance).await?;
         let lease = self.lease(&inst.id).await?;
+        // Sizes a watcher's progress; not worth failing the destroy over.
+        let total = self
+            .store
+            .count_resources(&inst.id)
+            .await
+            .ok()
+            .and_then(|n| usize::try_from(n).ok());
         let op = match self
             .start_operation(
                 &lease,
@@ -1105,7 +1112,7 @@ impl Engine {
                     request_digest,
                     change_set_id: None,
                     instance_status: InstanceStatus::Destroying,
-                    total: None,
+                    total,
                 },
             )
             .await

@@ -297,6 +297,9 @@ pub async fn deployed_state_crud(h: &Harness) {
     assert_eq!(st.instance.last_seq, 2);
     let names: Vec<&str> = st.resources.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["db", "api"], "insertion order");
+    assert_eq!(s.count_resources(&app.id).await.unwrap(), 2);
+    assert_eq!(s.count_resources(&child.id).await.unwrap(), 0);
+    assert_err!(s.count_resources("nope").await, StateError::NotFound { .. });
     let db = st.resource("db").unwrap();
     assert_eq!(db.instance_id, app.id);
     assert_eq!(db.resource_type, "test/thing");

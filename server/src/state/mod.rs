@@ -51,6 +51,8 @@ pub trait StateStore: Send + Sync + 'static {
     async fn list_instances(&self) -> Result<Vec<Instance>>;
     /// The instance with its resources, links, children and exports, from one snapshot.
     async fn load_state(&self, instance_id: &str) -> Result<InstanceState>;
+    /// How many resources the instance records (without reading them).
+    async fn count_resources(&self, instance_id: &str) -> Result<u64>;
 
     // ---- leases -------------------------------------------------------------------------------
 

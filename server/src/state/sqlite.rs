@@ -141,6 +141,9 @@ impl SqliteStore {
         }
         writer.pragma_update(None, "synchronous", "FULL")?;
         writer.pragma_update(None, "foreign_keys", true)?;
+        // Savepoints of a shared batch journal the pages they change; in memory, not in a
+        // temporary file.
+        writer.pragma_update(None, "temp_store", "MEMORY")?;
         if let Some(recorded) = &recorded {
             let has_schema: bool = writer.query_row(
                 "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'schema_migrations')",
@@ -339,13 +342,18 @@ fn run_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Job>) -> BatchOutc
         now: inner.options.clock.now(),
         appended: Vec::new(),
     };
+    // A unit alone in its batch (a scheduler turn usually is) needs no savepoint: if it fails,
+    // the transaction is rolled back instead. That spares the statement journal a copy of
+    // every page the unit changes.
+    let alone = batch.len() == 1;
     for job in batch {
         let mark = w.appended.len();
         // Cached statements: a batch opens and releases thousands of savepoints, and
         // `execute_batch` would parse each one again.
-        if let Err(e) =
-            w.tx.prepare_cached("SAVEPOINT unit")
-                .and_then(|mut st| st.execute([]))
+        if !alone
+            && let Err(e) =
+                w.tx.prepare_cached("SAVEPOINT unit")
+                    .and_then(|mut st| st.execute([]))
         {
             tracing::error!(error = %e, "state store: cannot open a savepoint");
             drop(job);
@@ -358,7 +366,18 @@ fn run_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Job>) -> BatchOutc
                 Ok(r) => r,
                 Err(_) => (false, Box::new(|_: Result<()>| {}) as Deliver),
             };
-        let closed = if ok {
+        delivers.push(deliver);
+        if alone && !ok {
+            // Nothing to commit; the unit's own error is what its caller gets.
+            drop(w);
+            return match tx.rollback() {
+                Ok(()) => (delivers, Vec::new(), Ok(())),
+                Err(e) => (delivers, Vec::new(), Err(StateError::from(e))),
+            };
+        }
+        let closed = if alone {
+            Ok(())
+        } else if ok {
             w.tx.prepare_cached("RELEASE unit")
                 .and_then(|mut st| st.execute([]).map(drop))
         } else {
@@ -366,7 +385,6 @@ fn run_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Job>) -> BatchOutc
             w.appended.truncate(mark);
             w.tx.execute_batch("ROLLBACK TO unit; RELEASE unit")
         };
-        delivers.push(deliver);
         if let Err(e) = closed {
             drop(w);
             let _ = tx.rollback();
@@ -1264,6 +1282,18 @@ impl StateStore for SqliteStore {
             ))?
             .query_and_then([], decode_instance)?
             .collect()
+        })
+        .await
+    }
+
+    async fn count_resources(&self, instance_id: &str) -> Result<u64> {
+        let id = instance_id.to_owned();
+        self.read(move |tx, _| {
+            get_instance(tx, &id)?;
+            let n: i64 = tx
+                .prepare_cached("SELECT COUNT(*) FROM resources WHERE instance_id = ?1")?
+                .query_row([&id], |r| r.get(0))?;
+            to_u64(n, "resource count")
         })
         .await
     }
