@@ -19,9 +19,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("trellis_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(fds)?;
+    // Twice: the messages alone (for crates that only read and write them, with no gRPC
+    // stack), and messages with their clients and servers (the `grpc` feature).
+    for (dir, services) in [("messages", false), ("grpc", true)] {
+        let out_dir = out.join(dir);
+        std::fs::create_dir_all(&out_dir)?;
+        tonic_prost_build::configure()
+            .build_client(services)
+            .build_server(services)
+            .out_dir(&out_dir)
+            .compile_fds(fds.clone())?;
+    }
     Ok(())
 }

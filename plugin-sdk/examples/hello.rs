@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use trellis_plugin_sdk::prelude::*;
 
-pub struct Hello;
+pub(crate) struct Hello;
 
 impl Provider for Hello {
     fn namespace(&self) -> &str {
@@ -17,7 +17,7 @@ impl Provider for Hello {
     }
 }
 
-pub struct Greeting;
+pub(crate) struct Greeting;
 
 fn greet(ctx: &Context, spec: Spec<'_>) -> Result<Applied> {
     let name = spec.get_str("name")?; // BAD_INPUT at `name` when missing or not a string

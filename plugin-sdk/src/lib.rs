@@ -40,8 +40,8 @@ pub use transformer::{AbstractResource, Derivation, Transformed, Transformer};
 pub use value::{AttrPath, Map, PathStep, Value};
 
 /// Put `#[trellis_plugin_sdk::async_trait]` on `impl` blocks of the SDK's
-/// traits (re-exported from the `async-trait` crate through tonic).
-pub use tonic::async_trait;
+/// traits (the `async-trait` crate's macro, so a plugin needs no dependency of its own).
+pub use async_trait::async_trait;
 
 /// The generated protocol types, for those who need them.
 pub use trellis_proto::plugin::v1 as proto;

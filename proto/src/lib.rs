@@ -5,18 +5,27 @@
 //!   files are the contract; docs/plugin-protocol.md explains them.
 //! - [`engine::v1`]: the engine API (`proto/trellis/engine/v1/`), what CI
 //!   systems and the CLI speak to `trellis serve`; docs/engine-api.md.
+//!
+//! Without the `grpc` feature (on by default) only the messages are built, with prost and no
+//! gRPC stack: what the language crate needs to read plugin schemas.
 
 pub mod engine {
     pub mod v1 {
         #![allow(clippy::all, missing_docs)]
-        tonic::include_proto!("trellis.engine.v1");
+        #[cfg(feature = "grpc")]
+        include!(concat!(env!("OUT_DIR"), "/grpc/trellis.engine.v1.rs"));
+        #[cfg(not(feature = "grpc"))]
+        include!(concat!(env!("OUT_DIR"), "/messages/trellis.engine.v1.rs"));
     }
 }
 
 pub mod plugin {
     pub mod v1 {
         #![allow(clippy::all, missing_docs)]
-        tonic::include_proto!("trellis.plugin.v1");
+        #[cfg(feature = "grpc")]
+        include!(concat!(env!("OUT_DIR"), "/grpc/trellis.plugin.v1.rs"));
+        #[cfg(not(feature = "grpc"))]
+        include!(concat!(env!("OUT_DIR"), "/messages/trellis.plugin.v1.rs"));
     }
 }
 

@@ -1,0 +1,566 @@
+//! The narrow door between the executor and providers. The executor only ever calls a
+//! [`Provisioner`]; production uses [`PluginProvisioner`] (gRPC plugin clients through the
+//! host, which applies deadlines and the provider's retry policy), tests may use anything else.
+
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+use trellis_proto::plugin::v1 as pb;
+
+use crate::plugins::{CallOptions, PluginError, PluginHost};
+
+/// A resource as the executor hands it to a provider.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub instance_id: String,
+    pub name: String,
+    pub resource_type: String,
+    /// The provider's id, once created.
+    pub external_id: Option<String>,
+    /// The spec last applied (for updates and destroys).
+    pub current_spec: Option<Json>,
+    pub current_state: Option<Json>,
+}
+
+/// A provider call's success: the external id and computed state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    pub external_id: String,
+    pub state: Json,
+}
+
+/// A provider call's failure, with whatever it created before failing.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub message: String,
+    /// Something was created before the failure: record it, so it is not orphaned.
+    pub partial: Option<Applied>,
+    /// No answer came (the plugin died, the deadline passed, the connection broke): the call
+    /// may have happened, so its intent stays until the provider has been asked.
+    pub unknown: bool,
+}
+
+impl Failure {
+    pub fn new(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            partial: None,
+            unknown: false,
+        }
+    }
+
+    /// A provider call that failed in the host or on the way: `unknown` when the provider may
+    /// have acted on it before the answer was lost.
+    pub fn of_call(e: &PluginError) -> Failure {
+        let unknown = matches!(
+            e,
+            PluginError::Crashed { .. }
+                | PluginError::DeadlineExceeded { .. }
+                | PluginError::Transport { .. }
+                // An answer that could not be read: the provider may have acted.
+                | PluginError::Protocol { .. }
+        );
+        Failure {
+            unknown,
+            ..Failure::new(describe(e))
+        }
+    }
+}
+
+/// What a provider reports about an existing resource.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observed {
+    Missing,
+    /// `external_id`: the provider's id for it (empty when the provider did not say).
+    Exists {
+        spec: Json,
+        state: Json,
+        external_id: String,
+    },
+}
+
+/// What is happening to a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkUpdate {
+    Create,
+    Update,
+    Destroy,
+}
+
+/// One link between two deployed resources, for the provider that implements its type.
+#[derive(Clone, Debug)]
+pub struct LinkCall {
+    /// The provider namespace that implements the link type.
+    pub provider: String,
+    /// `<type A>::<type B>`.
+    pub link_type: String,
+    pub a: Target,
+    pub b: Target,
+    pub annotations_a: Json,
+    pub annotations_b: Json,
+    /// What earlier phases and deployments recorded.
+    pub link_data: Json,
+    pub update: LinkUpdate,
+}
+
+#[async_trait::async_trait]
+pub trait Provisioner: Send + Sync + 'static {
+    /// Creates (`target.external_id` is `None`) or updates the resource to `spec`.
+    /// `idempotency_key` is stable for the operation and resource, so a retried call does not
+    /// create twice.
+    async fn apply(
+        &self,
+        target: &Target,
+        spec: pb::Value,
+        idempotency_key: &str,
+    ) -> Result<Applied, Failure>;
+    async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure>;
+    async fn read(&self, target: &Target) -> Result<Observed, Failure>;
+    /// Runs a link through its phases (stage, update resource A, update resource B, update
+    /// intermediaries); returns the link data to record, with the fields the link owns
+    /// (`links::record_data`). `call.link_data` is the recorded data, owned paths included.
+    async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure>;
+    /// The spec schema of a resource type, when its provider declares one: drift checks read
+    /// it to tell a map (whose new entries are drift) from an object.
+    async fn spec_schema(&self, resource_type: &str) -> Option<pb::Schema> {
+        let _ = resource_type;
+        None
+    }
+}
+
+/// Link data from a phase merged over what earlier phases returned (top-level keys replace).
+fn merge(into: &mut Json, more: Json) {
+    match (into, more) {
+        (Json::Object(a), Json::Object(b)) => a.extend(b),
+        (slot, Json::Null) => {
+            let _ = slot;
+        }
+        (slot, other) => *slot = other,
+    }
+}
+
+/// The text of every scalar inside the parts of `v` marked sensitive (`inside`: `v` is within
+/// one).
+fn collect_secrets(v: &pb::Value, inside: bool, out: &mut Vec<String>) {
+    use pb::value::Kind;
+    let inside = inside || v.sensitive;
+    match &v.kind {
+        Some(Kind::String(s)) if inside && !s.is_empty() => out.push(s.clone()),
+        Some(Kind::Int(i)) if inside => out.push(i.to_string()),
+        Some(Kind::Float(f)) if inside => out.push(f.to_string()),
+        Some(Kind::List(l)) => l.items.iter().for_each(|i| collect_secrets(i, inside, out)),
+        Some(Kind::Map(m)) => m
+            .entries
+            .iter()
+            .filter_map(|e| e.value.as_ref())
+            .for_each(|x| collect_secrets(x, inside, out)),
+        _ => {}
+    }
+}
+
+/// The secrets of a resource as recorded: its spec and its state.
+fn target_secrets(target: &Target) -> Vec<String> {
+    let mut out = Vec::new();
+    for v in [&target.current_spec, &target.current_state]
+        .into_iter()
+        .flatten()
+    {
+        collect_secrets(&stored_pb(v), false, &mut out);
+    }
+    out
+}
+
+impl Failure {
+    fn redacted(self, secrets: &[String]) -> Failure {
+        Failure {
+            message: crate::redact::redact(&self.message, secrets),
+            partial: self.partial.map(|a| a.marked(secrets)),
+            unknown: self.unknown,
+        }
+    }
+}
+
+/// Provider output for storage, with every string that quotes one of `secrets` or a secret of
+/// the running operations marked (see `state_values::mark_mentions`).
+fn mark_output(v: Json, secrets: &[String]) -> Json {
+    if secrets.is_empty() && !crate::redact::any_held() {
+        return v;
+    }
+    super::state_values::mark_mentions(v, &|s| crate::redact::mentions_secret(s, secrets))
+}
+
+impl Applied {
+    fn marked(self, secrets: &[String]) -> Applied {
+        Applied {
+            state: mark_output(self.state, secrets),
+            ..self
+        }
+    }
+}
+
+/// Providers reached through the plugin host.
+pub struct PluginProvisioner {
+    pub host: Arc<PluginHost>,
+}
+
+fn namespace(resource_type: &str) -> &str {
+    resource_type.split('/').next().unwrap_or_default()
+}
+
+fn describe(e: &PluginError) -> String {
+    e.to_string()
+}
+
+/// Provider output for storage: secrets keep their mark.
+fn raw_json(v: &pb::Value) -> Json {
+    super::state_values::from_pb(v)
+}
+
+/// Recorded values for a provider: secrets flagged.
+fn stored_pb(v: &Json) -> pb::Value {
+    super::state_values::to_pb(v)
+}
+
+fn current(target: &Target) -> Option<pb::ResourceState> {
+    target.external_id.as_ref().map(|id| pb::ResourceState {
+        resource_type: target.resource_type.clone(),
+        resource_name: target.name.clone(),
+        external_id: id.clone(),
+        spec: target.current_spec.as_ref().map(stored_pb),
+        state: target.current_state.as_ref().map(stored_pb),
+    })
+}
+
+fn options(target: &Target, key: &str) -> CallOptions {
+    CallOptions {
+        idempotency_key: (!key.is_empty()).then(|| key.to_owned()),
+        instance_id: target.instance_id.clone(),
+        ..CallOptions::default()
+    }
+}
+
+/// The calls themselves; the [`Provisioner`] implementation below cuts secrets out of their
+/// failures.
+impl PluginProvisioner {
+    async fn apply_call(
+        &self,
+        target: &Target,
+        spec: pb::Value,
+        idempotency_key: &str,
+    ) -> Result<Applied, Failure> {
+        let client = self
+            .host
+            .provider(namespace(&target.resource_type))
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let req = pb::ApplyResourceRequest {
+            context: None,
+            current: current(target),
+            resource_type: target.resource_type.clone(),
+            resource_name: target.name.clone(),
+            desired_spec: Some(spec),
+        };
+        match client
+            .apply_resource(req, &options(target, idempotency_key), |_| {})
+            .await
+        {
+            Ok(res) => Ok(Applied {
+                external_id: res.external_id,
+                state: res.state.as_ref().map_or(Json::Null, raw_json),
+            }),
+            Err(PluginError::Application(app)) => {
+                let partial = app
+                    .external_id
+                    .clone()
+                    .filter(|id| !id.is_empty())
+                    .map(|id| Applied {
+                        external_id: id,
+                        state: app.state.as_ref().map_or(Json::Null, raw_json),
+                    });
+                Err(Failure {
+                    message: PluginError::Application(app).to_string(),
+                    partial,
+                    unknown: false,
+                })
+            }
+            Err(e) => Err(Failure::of_call(&e)),
+        }
+    }
+
+    async fn destroy_call(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure> {
+        let Some(current) = current(target) else {
+            // Never created: nothing to ask the provider.
+            return Ok(());
+        };
+        let client = self
+            .host
+            .provider(namespace(&target.resource_type))
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let req = pb::DestroyResourceRequest {
+            context: None,
+            current: Some(current),
+        };
+        let resp = client
+            .destroy_resource(req, &options(target, idempotency_key))
+            .await
+            .map_err(|e| Failure::of_call(&e))?;
+        match resp.error {
+            // Already gone is what destroy wants.
+            Some(e) if e.class != pb::ErrorClass::NotFound as i32 => Err(Failure::new(format!(
+                "provider `{}`: {}",
+                namespace(&target.resource_type),
+                e.message
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    async fn link_call(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure> {
+        let client = self
+            .host
+            .provider(&call.provider)
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let opts = options(&call.a, idempotency_key);
+        // The provider sees its own link data, without the owned paths kept beside it.
+        let recorded = super::links::link_data(&call.link_data);
+        let mut ctx = pb::LinkContext {
+            context: None,
+            link_type: call.link_type.clone(),
+            resource_a: current(&call.a),
+            resource_b: current(&call.b),
+            annotations_a: Some(stored_pb(&call.annotations_a)),
+            annotations_b: Some(stored_pb(&call.annotations_b)),
+            link_data: Some(stored_pb(&recorded)),
+            update_type: match call.update {
+                LinkUpdate::Create => pb::LinkUpdateType::LinkCreate,
+                LinkUpdate::Update => pb::LinkUpdateType::LinkUpdate,
+                LinkUpdate::Destroy => pb::LinkUpdateType::LinkDestroy,
+            } as i32,
+        };
+        let label = |phase: &str, e: &pb::Error| {
+            format!(
+                "link {} -> {} ({}): {phase}: {}",
+                call.a.name, call.b.name, call.link_type, e.message
+            )
+        };
+        let fail = |e: PluginError| Failure::new(describe(&e));
+        let staged = client
+            .stage_link(
+                pb::StageLinkRequest {
+                    link: Some(ctx.clone()),
+                },
+                &opts,
+            )
+            .await
+            .map_err(fail)?;
+        if let Some(e) = &staged.error {
+            return Err(Failure::new(label("stage", e)));
+        }
+        let errors: Vec<&str> = staged
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == pb::Severity::Error as i32)
+            .map(|d| d.message.as_str())
+            .collect();
+        if !errors.is_empty() && call.update != LinkUpdate::Destroy {
+            return Err(Failure::new(format!(
+                "link {} -> {} ({}): {}",
+                call.a.name,
+                call.b.name,
+                call.link_type,
+                errors.join("; ")
+            )));
+        }
+        let owned = super::links::OwnedPaths::from_pb(&staged.owned_paths_a, &staged.owned_paths_b);
+        let mut data = recorded;
+        // Resource A, then resource B; each phase sees the link data of the ones before it.
+        for phase in ["update resource A", "update resource B"] {
+            let req = pb::UpdateLinkResourceRequest {
+                link: Some(ctx.clone()),
+            };
+            let resp = if phase.ends_with('A') {
+                client.update_link_resource_a(req, &opts).await
+            } else {
+                client.update_link_resource_b(req, &opts).await
+            }
+            .map_err(fail)?;
+            if let Some(e) = &resp.error {
+                return Err(Failure::new(label(phase, e)));
+            }
+            merge(
+                &mut data,
+                resp.link_data.as_ref().map_or(Json::Null, raw_json),
+            );
+            ctx.link_data = Some(stored_pb(&data));
+        }
+        let resp = client
+            .update_link_intermediaries(
+                pb::UpdateLinkIntermediariesRequest { link: Some(ctx) },
+                &opts,
+            )
+            .await
+            .map_err(fail)?;
+        if let Some(e) = &resp.error {
+            return Err(Failure::new(label("update intermediaries", e)));
+        }
+        merge(
+            &mut data,
+            resp.link_data.as_ref().map_or(Json::Null, raw_json),
+        );
+        Ok(super::links::record_data(data, &owned))
+    }
+
+    async fn read_call(&self, target: &Target) -> Result<Observed, Failure> {
+        let Some(current) = current(target) else {
+            return Ok(Observed::Missing);
+        };
+        let client = self
+            .host
+            .provider(namespace(&target.resource_type))
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let req = pb::ReadResourceRequest {
+            context: None,
+            current: Some(current),
+        };
+        let resp = client
+            .read_resource(req, &options(target, ""))
+            .await
+            .map_err(|e| Failure::new(describe(&e)))?;
+        if let Some(e) = resp.error {
+            return Err(Failure::new(format!(
+                "provider `{}`: {}",
+                namespace(&target.resource_type),
+                e.message
+            )));
+        }
+        if !resp.exists {
+            return Ok(Observed::Missing);
+        }
+        Ok(Observed::Exists {
+            spec: resp.spec.as_ref().map_or(Json::Null, raw_json),
+            state: resp.state.as_ref().map_or(Json::Null, raw_json),
+            external_id: resp.external_id,
+        })
+    }
+}
+
+/// A provider may quote what it was sent in an error, and failures are recorded in state and
+/// events and shown by the CLI: every failure is cleaned of the secrets of the call's inputs
+/// and of those the running operations registered (`crate::redact::hold`), which catch a
+/// secret quoted inside a longer text (an absolute path built from a secret-derived one).
+/// This is the one door every provider failure of an operation passes (resources, links,
+/// children's resources, rollbacks, reads), so it is the one place that redacts them.
+#[async_trait::async_trait]
+impl Provisioner for PluginProvisioner {
+    async fn apply(
+        &self,
+        target: &Target,
+        spec: pb::Value,
+        idempotency_key: &str,
+    ) -> Result<Applied, Failure> {
+        // The spec goes into the call, so its secrets are noted now (nothing is allocated
+        // unless it holds some); the recorded ones are read only if the call fails.
+        let mut sent = Vec::new();
+        collect_secrets(&spec, false, &mut sent);
+        match self.apply_call(target, spec, idempotency_key).await {
+            Ok(applied) => Ok(applied.marked(&sent)),
+            Err(f) => {
+                sent.extend(target_secrets(target));
+                Err(f.redacted(&sent))
+            }
+        }
+    }
+
+    async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure> {
+        self.destroy_call(target, idempotency_key)
+            .await
+            .map_err(|f| f.redacted(&target_secrets(target)))
+    }
+
+    async fn read(&self, target: &Target) -> Result<Observed, Failure> {
+        match self.read_call(target).await {
+            Ok(Observed::Exists {
+                spec,
+                state,
+                external_id,
+            }) => {
+                let secrets = target_secrets(target);
+                Ok(Observed::Exists {
+                    spec: mark_output(spec, &secrets),
+                    state: mark_output(state, &secrets),
+                    external_id,
+                })
+            }
+            Ok(Observed::Missing) => Ok(Observed::Missing),
+            Err(f) => Err(f.redacted(&target_secrets(target))),
+        }
+    }
+
+    async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure> {
+        let result = self.link_call(call, idempotency_key).await;
+        let mut secrets = target_secrets(&call.a);
+        secrets.extend(target_secrets(&call.b));
+        for v in [&call.annotations_a, &call.annotations_b, &call.link_data] {
+            collect_secrets(&stored_pb(v), false, &mut secrets);
+        }
+        match result {
+            Ok(data) => Ok(mark_output(data, &secrets)),
+            Err(f) => Err(f.redacted(&secrets)),
+        }
+    }
+
+    async fn spec_schema(&self, resource_type: &str) -> Option<pb::Schema> {
+        let manifest = self
+            .host
+            .manifest_of(
+                crate::plugins::PluginKind::Provider,
+                namespace(resource_type),
+            )
+            .await
+            .ok()?;
+        manifest
+            .resource_types
+            .iter()
+            .find(|t| t.r#type == resource_type)?
+            .spec_schema
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redact::redact;
+    use serde_json::json;
+
+    #[test]
+    fn failures_never_quote_the_secrets_they_were_sent() {
+        let stored = json!({
+            "name": "db",
+            "password": {"$sensitive": "hunter2"},
+            "env": {"URL": {"$sensitive": "postgres://u:hunter2-long@db"}, "A": "db"},
+        });
+        let mut secrets = Vec::new();
+        collect_secrets(&stored_pb(&stored), false, &mut secrets);
+        assert_eq!(secrets.len(), 2, "{secrets:?}");
+        let message = "cannot create db: bad url postgres://u:hunter2-long@db (password hunter2)";
+        let redacted = redact(message, &secrets);
+        assert!(!redacted.contains("hunter2"), "{redacted}");
+        // Plain values, even equal to a part of a secret's text, stay.
+        assert!(
+            redacted.starts_with("cannot create db: bad url"),
+            "{redacted}"
+        );
+        assert_eq!(redact("no secret here", &secrets), "no secret here");
+
+        // A short secret, or a number, cannot be cut out cleanly: the message is withheld.
+        let stored = json!({"pin": {"$sensitive": 4242}, "k": {"$sensitive": "ab"}});
+        let mut secrets = Vec::new();
+        collect_secrets(&stored_pb(&stored), false, &mut secrets);
+        assert_eq!(
+            redact("pin 4242 refused", &secrets),
+            crate::redact::WITHHELD
+        );
+        assert_eq!(redact("cannot grab it", &secrets), crate::redact::WITHHELD);
+        assert_eq!(redact("nothing secret", &secrets), "nothing secret");
+    }
+}

@@ -1,0 +1,8 @@
+//! Integration tests of the plugin host, against real plugin processes (the sim, local and celerity plugins, fixtures written as scripts, and a Python plugin for interop).
+
+mod crash_loop;
+mod fixtures;
+mod interop;
+mod plugins_common;
+mod sim;
+mod transformer;

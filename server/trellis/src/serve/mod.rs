@@ -1,0 +1,249 @@
+//! `trellis serve`: the engine daemon. Opens the state store in the data directory (one engine
+//! per directory), recovers operations a previous run left unfinished, serves the engine API
+//! with gRPC health and reflection (over TLS on TCP with `--tls-cert`/`--tls-key`), and on
+//! SIGTERM/SIGINT drains: no new mutations, running operations stop at a safe point within the
+//! drain timeout (or are marked interrupted), plugins are stopped, exit 0.
+
+pub mod api;
+pub mod config;
+pub mod conns;
+pub mod decode_status;
+mod trace;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+pub use config::ServeArgs;
+use config::{Bound, ServeConfig};
+
+use tonic::transport::{Identity, ServerTlsConfig};
+
+use crate::engine::provision::PluginProvisioner;
+use crate::engine::remote::RemoteIncludes;
+use crate::engine::{Engine, EngineConfig};
+use crate::plugins::{HostConfig, PluginHost};
+use crate::state::{RetentionPolicy, SqliteStore, StateStore};
+
+/// How long connections may take to close after the drain.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A client that connects must finish its TLS handshake within this time.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The gRPC service name health reports on.
+pub const SERVICE_NAME: &str = "trellis.engine.v1.Engine";
+
+pub fn run(args: ServeArgs) -> ExitCode {
+    let config = match args.resolve() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = config::init_logging(&config) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("trellis")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = rt.block_on(serve(config));
+    // An operation still running past the drain timeout is already marked interrupted, and
+    // its thread may wait for calls whose tasks stop with the runtime: dropping the runtime
+    // would wait for that thread for ever, so the engine stops waiting after a moment.
+    rt.shutdown_timeout(RUNTIME_STOP_GRACE);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// How long blocking work may go on once the server has stopped (see [`run`]).
+const RUNTIME_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn serve(config: ServeConfig) -> Result<(), String> {
+    let data_dir = config.data_dir.clone();
+    let store = tokio::task::spawn_blocking(move || SqliteStore::open(&data_dir))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("state store: {e}"))?;
+    let store: Arc<dyn StateStore> = Arc::new(store);
+
+    let mut host_config = HostConfig::with_data_dir(&config.data_dir);
+    host_config.plugin_dirs = config.plugin_dirs.clone();
+    host_config.search_exe_dir = config.bundled_plugins;
+    let host = Arc::new(PluginHost::new(host_config));
+
+    let cwd = std::env::current_dir().map_err(|e| format!("working directory: {e}"))?;
+    let remote_includes = RemoteIncludes::new(
+        config.include_hosts.clone(),
+        config.max_include_bytes,
+        &config.include_ca_certs,
+    )
+    .map_err(|e| format!("remote includes (--allow-include-host): {e}"))?;
+    let engine = Engine::new(
+        store.clone(),
+        host.clone(),
+        Arc::new(PluginProvisioner { host: host.clone() }),
+        EngineConfig {
+            owner: format!("trellis@{}", config.data_dir.display()),
+            max_parallel: config.max_parallel,
+            lease_ttl: config.lease_ttl,
+            max_input_size: config.max_input_size,
+            eval_limits: config.eval_limits,
+            allowed_roots: config.allowed_roots.clone(),
+            remote_includes,
+            cwd,
+        },
+        tokio::runtime::Handle::current(),
+    );
+    if !config.include_hosts.is_empty() {
+        tracing::info!(hosts = ?config.include_hosts, max_bytes = config.max_include_bytes, "https:// includes are fetched from these hosts");
+    }
+    let interrupted = engine.recover().await.map_err(|e| e.to_string())?;
+    for op in &interrupted {
+        tracing::warn!(operation = %op.id, instance = %op.instance_id, "operation from a previous run marked interrupted");
+    }
+    let _retention = crate::state::spawn_retention(
+        store.clone(),
+        RetentionPolicy {
+            events_older_than: config.event_retention,
+            change_sets_older_than: config.event_retention,
+            ..RetentionPolicy::default()
+        },
+        std::time::Duration::from_secs(3600),
+    );
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<trellis_proto::engine::v1::engine_server::EngineServer<api::EngineApi>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| format!("reflection: {e}"))?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let engine_service = trellis_proto::engine::v1::engine_server::EngineServer::new(
+        api::EngineApi::new(engine.clone(), shutdown.clone()),
+    )
+    .max_decoding_message_size(config.max_input_size.saturating_add(1 << 20));
+
+    let bound = config::bind(&config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    // TLS on TCP only: a Unix socket is protected by its file permissions.
+    let tls = match (&config.tls, &bound) {
+        (Some(tls), Bound::Tcp(..)) => Some(tls),
+        (Some(tls), Bound::Unix(..)) => {
+            tracing::warn!(cert = %tls.cert.display(), "TLS is not used on a Unix socket: --tls-cert and --tls-key are ignored");
+            None
+        }
+        (None, _) => None,
+    };
+    let address = match tls {
+        Some(_) => format!("https://{}", bound.display()),
+        None => bound.display(),
+    };
+    // Tests and scripts read this line to learn the address (port 0 picks a free one).
+    println!("trellis engine listening on {address}");
+    tracing::info!(address = %address, data_dir = %config.data_dir.display(), "engine started");
+
+    let signal_engine = engine.clone();
+    let signal_shutdown = shutdown.clone();
+    let drain_timeout = config.drain_timeout;
+    let health = health_reporter.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!(timeout = ?drain_timeout, "shutdown requested: draining");
+        health
+            .set_not_serving::<trellis_proto::engine::v1::engine_server::EngineServer<api::EngineApi>>()
+            .await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        signal_engine.drain(drain_timeout).await;
+        signal_shutdown.cancel();
+    });
+
+    let conn_settings = config.connections;
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(conn_settings.http2_keepalive_interval)
+        .http2_keepalive_timeout(Some(conn_settings.http2_keepalive_timeout))
+        .layer(trace::TraceLayer)
+        .layer(conns::ActivityLayer)
+        .layer(decode_status::DecodeStatusLayer);
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(
+                ServerTlsConfig::new()
+                    .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+                    .timeout(TLS_HANDSHAKE_TIMEOUT),
+            )
+            .map_err(|e| format!("TLS ({}): {e}", tls.cert.display()))?;
+    }
+    let router = builder
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(engine_service);
+    let unix_socket = match &bound {
+        Bound::Unix(_, path) => Some(path.clone()),
+        Bound::Tcp(..) => None,
+    };
+    let incoming = conns::Limited::new(
+        bound.into_incoming(),
+        conns::ConnLimits {
+            max_connections: conn_settings.max_connections,
+            idle_timeout: conn_settings.idle_timeout,
+            tcp_keepalive: conn_settings.tcp_keepalive,
+        },
+    );
+    let server = router.serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
+    // A graceful HTTP/2 close waits for each client to answer; a client that never does (hung,
+    // or its process stopped) must not keep the engine from exiting.
+    let grace = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(CLOSE_GRACE).await;
+    };
+    let result = tokio::select! {
+        r = server => r,
+        _ = grace => {
+            tracing::warn!(grace = ?CLOSE_GRACE, "clients did not close their connections in time; stopping anyway");
+            Ok(())
+        }
+    };
+    if let Some(path) = unix_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    host.shutdown().await;
+    tracing::info!("engine stopped");
+    result.map_err(|e| format!("server: {e}"))
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the engine can still be stopped by a kill; never exit early.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,414 @@
+//! End to end, child blueprints: the parent's change set carries each child's planned changes,
+//! and a rollback undoes what the operation did to its children. The real `trellis serve` with
+//! the real `local` and `sim` plugins, driven by the real CLI.
+
+use crate::engine_common::{Engine, actions, pairs, read, write};
+use crate::plugins_common::TempDir;
+use serde_json::Value;
+
+/// The child of a change set (JSON) named `name`.
+fn child<'a>(cs: &'a Value, name: &str) -> &'a Value {
+    cs["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no child `{name}` in {cs}"))
+}
+
+/// `a` makes a directory and a seed file; it exports the directory (known from the spec at
+/// plan time) and the seed's digest (computed by the provider: known only after deploy).
+const CHILD_A: &str = r#"
+version: 2023-04-20
+variables:
+  dir:
+    type: string
+resources:
+  data:
+    type: local/directory
+    spec:
+      path: ${variables.dir}
+  seed:
+    type: local/file
+    spec:
+      path: ${resources.data.spec.path}/seed.txt
+      content: seed
+exports:
+  dir:
+    type: string
+    field: resources.data.spec.path
+  digest:
+    type: string
+    field: resources.seed.state.sha256
+"#;
+
+fn child_b(label: &str) -> String {
+    format!(
+        r#"
+version: 2023-04-20
+variables:
+  dir:
+    type: string
+  digest:
+    type: string
+resources:
+  copy:
+    type: local/file
+    spec:
+      path: ${{variables.dir}}/b.txt
+      content: "{label} ${{variables.digest}}"
+exports:
+  path:
+    type: string
+    field: resources.copy.spec.path
+"#
+    )
+}
+
+/// `b` reads both of `a`'s exports; the parent's own resource reads `b`'s.
+const PARENT: &str = r#"
+version: 2023-04-20
+include:
+  b:
+    path: parts/b.yaml
+    variables:
+      dir: ${children.a.dir}
+      digest: ${children.a.digest}
+  a:
+    path: parts/a.yaml
+    variables:
+      dir: shared
+resources:
+  pointer:
+    type: local/file
+    spec:
+      path: pointer.txt
+      content: ${children.b.path}
+"#;
+
+#[test]
+fn the_parents_change_set_lists_each_childs_changes() {
+    let root = TempDir::new("e2e-child-plan");
+    let engine = Engine::start(root.path());
+    std::fs::create_dir_all(root.join("parts")).unwrap();
+    write(&root.join("parts/a.yaml"), CHILD_A);
+    write(&root.join("parts/b.yaml"), &child_b("first"));
+    write(&root.join("main.yaml"), PARENT);
+
+    // First plan: both children are created, in deploy order (a feeds b).
+    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    let cs = &out["changeSet"];
+    let names: Vec<&str> = cs["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"], "{cs}");
+    let a = child(cs, "a");
+    assert_eq!(a["instance"], "main/a");
+    assert_eq!(a["action"], "CREATE");
+    assert_eq!(a["plannedVersion"], 0);
+    assert_eq!(
+        actions(&a["resources"]),
+        pairs(&[("data", "CREATE"), ("seed", "CREATE")])
+    );
+    assert_eq!(
+        a["summary"],
+        "2 to create, 0 to update, 0 to recreate, 0 to delete, 0 unchanged"
+    );
+    // dir is known from the spec; the digest only after deploy.
+    let exports: Vec<(String, Value)> = a["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_owned(), e["new"].clone()))
+        .collect();
+    assert_eq!(
+        exports,
+        [
+            ("dir".to_owned(), Value::from("shared")),
+            ("digest".to_owned(), serde_json::json!({"unknown": true}))
+        ],
+        "{a}"
+    );
+    assert_eq!(a["unknownVariables"], serde_json::json!([]));
+    assert_eq!(a["deferred"], Value::Null);
+    assert_eq!(a["children"], serde_json::json!([]));
+    // b's digest variable reads a's unknown export: known after deploy, and so is what reads
+    // it; what reads a's known export is known.
+    let b = child(cs, "b");
+    assert_eq!(b["action"], "CREATE");
+    assert_eq!(b["unknownVariables"], serde_json::json!(["digest"]));
+    assert_eq!(actions(&b["resources"]), pairs(&[("copy", "CREATE")]));
+    let fields = &b["resources"][0]["fields"];
+    let field = |path: &str| {
+        fields
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path)
+            .unwrap_or_else(|| panic!("no {path} in {fields}"))["new"]
+            .clone()
+    };
+    assert_eq!(field("spec.path"), "shared/b.txt");
+    assert_eq!(field("spec.content"), serde_json::json!({"unknown": true}));
+    // The parent reads b's path, known at plan time.
+    assert_eq!(actions(&cs["resources"]), pairs(&[("pointer", "CREATE")]));
+    assert_eq!(
+        cs["summary"],
+        "1 to create, 0 to update, 0 to recreate, 0 to delete, 0 unchanged; children: 2 to \
+         create, 0 to update, 0 to delete, 0 unchanged"
+    );
+
+    // The text form lists the children and their resources.
+    let text = String::from_utf8_lossy(
+        &engine
+            .cli(&["plan", "main.yaml", "--instance", "main"])
+            .stdout,
+    )
+    .into_owned();
+    assert!(text.contains("\nChildren:\n"), "{text}");
+    assert!(text.contains("  + a  (instance main/a)\n"), "{text}");
+    assert!(
+        text.contains("  + b  (instance main/b)  known after deploy: variables.digest\n"),
+        "{text}"
+    );
+    assert!(text.contains("      + seed  (local/file)\n"), "{text}");
+    assert!(
+        text.contains("          spec.content: (known after deploy)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("; children: 2 to create, 0 to update, 0 to delete, 0 unchanged.\n"),
+        "{text}"
+    );
+
+    let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    let digest = engine.instance("main/a")["exports"]["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(read(&root.join("shared/b.txt")), format!("first {digest}"));
+    assert_eq!(read(&root.join("pointer.txt")), "shared/b.txt");
+
+    // Nothing changed: nothing to do, the children's exports known from their state.
+    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    let cs = &out["changeSet"];
+    assert_eq!(child(cs, "a")["action"], "NO_CHANGE", "{cs}");
+    assert_eq!(child(cs, "b")["action"], "NO_CHANGE", "{cs}");
+    assert_eq!(child(cs, "b")["unknownVariables"], serde_json::json!([]));
+    assert_eq!(
+        actions(&cs["resources"]),
+        pairs(&[("pointer", "NO_CHANGE")])
+    );
+
+    // A change in b's file: only b is updated.
+    write(&root.join("parts/b.yaml"), &child_b("second"));
+    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    let cs = &out["changeSet"];
+    assert_eq!(child(cs, "a")["action"], "NO_CHANGE", "{cs}");
+    let b = child(cs, "b");
+    assert_eq!(b["action"], "UPDATE", "{cs}");
+    assert_eq!(actions(&b["resources"]), pairs(&[("copy", "UPDATE")]));
+    assert_eq!(
+        b["resources"][0]["fields"],
+        serde_json::json!([{"path": "spec.content", "previous": format!("first {digest}"),
+                            "new": format!("second {digest}"), "mustRecreate": false}])
+    );
+    assert_eq!(
+        actions(&cs["resources"]),
+        pairs(&[("pointer", "NO_CHANGE")])
+    );
+    let change_set = cs["id"].as_str().unwrap().to_owned();
+
+    // A child that changes after the plan makes the parent's change set stale.
+    let (code, out) = engine.json(&[
+        "deploy",
+        "parts/b.yaml",
+        "--instance",
+        "main/b",
+        "--var",
+        "dir=shared",
+        "--var",
+        &format!("digest={digest}"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = engine.json(&["deploy", "--change-set", &change_set]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.to_string()
+            .contains("changed since the change set was planned"),
+        "{out}"
+    );
+
+    // Planned again, it deploys.
+    write(&root.join("parts/b.yaml"), &child_b("third"));
+    let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(read(&root.join("shared/b.txt")), format!("third {digest}"));
+
+    // A child no longer included is planned as deleted, with everything it has.
+    write(
+        &root.join("main.yaml"),
+        "version: 2023-04-20\ninclude:\n  a:\n    path: parts/a.yaml\n    variables:\n      dir: shared\n",
+    );
+    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    let cs = &out["changeSet"];
+    let b = child(cs, "b");
+    assert_eq!(b["action"], "DELETE", "{cs}");
+    assert_eq!(actions(&b["resources"]), pairs(&[("copy", "DELETE")]));
+    assert_eq!(actions(&cs["resources"]), pairs(&[("pointer", "DELETE")]));
+}
+
+fn store(content: &str) -> String {
+    format!(
+        r#"
+version: 2023-04-20
+resources:
+  dir:
+    type: local/directory
+    spec:
+      path: store
+  file:
+    type: local/file
+    spec:
+      path: ${{resources.dir.spec.path}}/data.txt
+      content: {content}
+exports:
+  dir:
+    type: string
+    field: resources.dir.spec.path
+"#
+    )
+}
+
+const CACHE: &str = r#"
+version: 2023-04-20
+variables:
+  dir:
+    type: string
+resources:
+  file:
+    type: local/file
+    spec:
+      path: ${variables.dir}/cache.txt
+      content: cached
+"#;
+
+/// A sim resource; with `fail`, its create fails.
+fn sim(fail: bool) -> String {
+    let mut s = String::from("    type: sim/resource\n    spec:\n      payload: p\n");
+    if fail {
+        s.push_str("      failOn: create\n      failClass: badInput\n");
+    }
+    s
+}
+
+#[test]
+fn a_rollback_undoes_what_the_operation_did_to_the_children() {
+    let root = TempDir::new("e2e-child-rollback");
+    let engine = Engine::start(root.path());
+    std::fs::create_dir_all(root.join("parts")).unwrap();
+    write(&root.join("parts/store.yaml"), &store("v1"));
+    write(&root.join("parts/cache.yaml"), CACHE);
+    write(
+        &root.join("main.yaml"),
+        &format!(
+            "version: 2023-04-20\ninclude:\n  store:\n    path: parts/store.yaml\nresources:\n  ok:\n{}",
+            sim(false)
+        ),
+    );
+    let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(read(&root.join("store/data.txt")), "v1");
+
+    // v2: store is updated, cache is new, then the parent's own new resource fails.
+    write(&root.join("parts/store.yaml"), &store("v2"));
+    let v2 = format!(
+        "version: 2023-04-20\ninclude:\n  store:\n    path: parts/store.yaml\n  cache:\n    path: parts/cache.yaml\n    variables:\n      dir: ${{children.store.dir}}\nresources:\n  ok:\n{}  broken:\n{}",
+        sim(false),
+        sim(true)
+    );
+    write(&root.join("main.yaml"), &v2);
+    let (code, out) = engine.json(&[
+        "deploy",
+        "main.yaml",
+        "--instance",
+        "main",
+        "--rollback-on-failure",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(out["operation"]["status"], "FAILED", "{out}");
+    let main = engine.instance("main");
+    assert_eq!(main["status"], "ROLLBACK_COMPLETE", "{main}");
+    // The child the operation created is gone; the one it updated is as it was.
+    assert!(!root.join("store/cache.txt").exists());
+    assert_eq!(engine.instance("main/cache")["status"], "DESTROYED");
+    assert_eq!(read(&root.join("store/data.txt")), "v1");
+    let store_state = engine.instance("main/store");
+    assert_eq!(
+        store_state["resources"]["file"]["spec"]["content"], "v1",
+        "{store_state}"
+    );
+    let children: Vec<&str> = main["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(children, ["store"], "{main}");
+    let rolled: Vec<(String, String)> = engine
+        .events("main")
+        .into_iter()
+        .filter(|(kind, _)| kind == "child.rolled_back")
+        .map(|(_, p)| {
+            (
+                p["child"].as_str().unwrap().to_owned(),
+                p["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rolled,
+        pairs(&[("cache", "destroyed"), ("store", "restored")])
+    );
+
+    // A failing child rolls itself back, and the children deployed before it are undone.
+    write(
+        &root.join("parts/cache.yaml"),
+        &format!("{CACHE}  broken:\n{}", sim(true)),
+    );
+    let v3 = format!(
+        "version: 2023-04-20\ninclude:\n  store:\n    path: parts/store.yaml\n  cache:\n    path: parts/cache.yaml\n    variables:\n      dir: ${{children.store.dir}}\nresources:\n  ok:\n{}",
+        sim(false)
+    );
+    write(&root.join("main.yaml"), &v3);
+    let (code, out) = engine.json(&[
+        "deploy",
+        "main.yaml",
+        "--instance",
+        "main",
+        "--rollback-on-failure",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.to_string().contains("main/cache"), "{out}");
+    assert_eq!(engine.instance("main")["status"], "ROLLBACK_COMPLETE");
+    assert_eq!(engine.instance("main/cache")["status"], "ROLLBACK_COMPLETE");
+    assert!(!root.join("store/cache.txt").exists());
+    assert_eq!(read(&root.join("store/data.txt")), "v1");
+    assert_eq!(
+        engine.instance("main/store")["resources"]["file"]["spec"]["content"],
+        "v1"
+    );
+
+    // Without rollback, the same failure leaves the children as deployed.
+    let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "main"]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(read(&root.join("store/data.txt")), "v2");
+}

@@ -1,0 +1,27 @@
+//! Integration tests of the `trellis` binary: the CLI, and the engine end to end (a real `trellis serve` with real plugin processes).
+
+mod engine_common;
+// Shared with the plugin host's tests: starting plugins, temp dirs, process checks.
+#[path = "../../../host/tests/it/plugins_common.rs"]
+mod plugins_common;
+
+mod blueprint_features_e2e;
+mod change_order_e2e;
+mod children_e2e;
+mod cli;
+mod drain_e2e;
+mod engine_e2e;
+mod limits_e2e;
+mod link_drift_e2e;
+mod links_e2e;
+mod plugins_cli;
+mod secrets_e2e;
+mod serve_e2e;
+mod serve_hostile_e2e;
+mod spec_examples_e2e;
+mod state_files_e2e;
+mod store_full_e2e;
+mod tls_e2e;
+mod unanswered_e2e;
+mod validate_links;
+mod validate_plugins;
