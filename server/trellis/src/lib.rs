@@ -2,13 +2,11 @@
 //!
 //! This crate is the `trellis` binary: `trellis serve` ([`serve`]: configuration, logging,
 //! listeners, the gRPC API as thin handlers over the engine) and the CLI ([`cli`], and
-//! [`cli_client`] for the commands that talk to an engine). The pipeline itself lives in the
+//! [`cli::client`] for the commands that talk to an engine). The pipeline itself lives in the
 //! crates below: trellis-lang, trellis-state, trellis-host and trellis-engine. See
 //! ARCHITECTURE.md for the map and the invariants each crate keeps.
 
 pub mod cli;
-pub mod cli_client;
-mod cli_eval;
 pub mod serve;
 
 // The crates below the binary, under the names their modules had when they were one crate.

@@ -28,7 +28,7 @@ use tokio_util::sync::PollSemaphore;
 use tonic::codegen::http;
 use tonic::transport::server::Connected;
 
-use super::config::{Conn, ConnInfo};
+use super::listen::{Conn, ConnInfo};
 
 /// What [`Limited`] enforces on each connection.
 #[derive(Clone, Copy, Debug)]

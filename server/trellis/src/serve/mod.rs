@@ -8,13 +8,16 @@ pub mod api;
 pub mod config;
 pub mod conns;
 pub mod decode_status;
+mod listen;
+mod logging;
 mod trace;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 pub use config::ServeArgs;
-use config::{Bound, ServeConfig};
+use config::ServeConfig;
+use listen::Bound;
 
 use tonic::transport::{Identity, ServerTlsConfig};
 
@@ -41,7 +44,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = config::init_logging(&config) {
+    if let Err(e) = logging::init_logging(&config) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
@@ -141,7 +144,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     )
     .max_decoding_message_size(config.max_input_size.saturating_add(1 << 20));
 
-    let bound = config::bind(&config.listen)
+    let bound = listen::bind(&config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     // TLS on TCP only: a Unix socket is protected by its file permissions.

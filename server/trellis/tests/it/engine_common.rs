@@ -402,7 +402,7 @@ pub(crate) fn assert_interrupted(engine: &Engine, op: &str, instance: &str) -> (
         .build()
         .unwrap();
     let status = rt.block_on(async {
-        let Ok(mut client) = trellis::cli_client::connect(&engine.addr).await else {
+        let Ok(mut client) = trellis::cli::client::connect(&engine.addr).await else {
             panic!("cannot connect to {}", engine.addr)
         };
         client
@@ -471,7 +471,7 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
 pub(crate) async fn client(
     addr: &str,
 ) -> trellis_proto::engine::v1::engine_client::EngineClient<tonic::transport::Channel> {
-    match trellis::cli_client::connect(addr).await {
+    match trellis::cli::client::connect(addr).await {
         Ok(c) => c,
         Err(_) => panic!("cannot connect to {addr}"),
     }

@@ -516,7 +516,7 @@ mod watch {
     use trellis_proto::engine::v1::engine_client::EngineClient;
 
     async fn client(addr: &str) -> EngineClient<tonic::transport::Channel> {
-        match trellis::cli_client::connect(addr).await {
+        match trellis::cli::client::connect(addr).await {
             Ok(c) => c,
             Err(_) => panic!("cannot connect to {addr}"),
         }

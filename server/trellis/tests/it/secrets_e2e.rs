@@ -87,7 +87,7 @@ fn get_exports(engine: &Engine, instance: &str, reveal: bool) -> Vec<(String, pv
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut client = trellis::cli_client::connect(&engine.addr).await.unwrap();
+        let mut client = trellis::cli::client::connect(&engine.addr).await.unwrap();
         client
             .get_exports(api::GetExportsRequest {
                 instance: instance.to_owned(),

@@ -57,7 +57,7 @@ pub enum Command {
     /// whole registry as Markdown (the source of docs/diagnostics.md).
     Explain(ExplainArgs),
     /// Provider and transformer plugins: list them, call a provider function.
-    Plugins(crate::cli::cli_plugins::PluginsArgs),
+    Plugins(crate::cli::plugin_cmds::PluginsArgs),
     /// Run the engine daemon: the engine API over gRPC (with health and reflection), state in
     /// the data directory (SQLite), plugins discovered next to `trellis` and in --plugin-dir.
     ///
@@ -67,13 +67,14 @@ pub enum Command {
     /// no new operations, running ones stop at a safe point within --drain-timeout (or are
     /// marked interrupted), plugins stop, exit 0.
     Serve(Box<crate::serve::ServeArgs>),
-    // Client commands (plan, deploy, destroy, instances, ...): their help is in cli_client.rs.
+    // Client commands (plan, deploy, destroy, instances, ...): their help is in cli/client/.
     #[command(flatten)]
-    Client(crate::cli_client::ClientCommand),
+    Client(crate::cli::client::ClientCommand),
 }
 
-#[path = "cli_plugins.rs"]
-pub mod cli_plugins;
+pub mod client;
+mod eval;
+pub mod plugin_cmds;
 
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
@@ -100,7 +101,7 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
-    pub plugins: cli_plugins::PluginDirArgs,
+    pub plugins: plugin_cmds::PluginDirArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -120,7 +121,7 @@ pub struct ValidateArgs {
     #[arg(long)]
     pub skip_provider_checks: bool,
     #[command(flatten)]
-    pub plugins: cli_plugins::PluginDirArgs,
+    pub plugins: plugin_cmds::PluginDirArgs,
     /// Refuse inputs larger than this many bytes.
     #[arg(long, value_name = "BYTES", env = "TRELLIS_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
     pub max_input_size: usize,
@@ -155,14 +156,14 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => return crate::serve::run(*args),
         other => other,
     };
-    cli_plugins::init_tracing();
+    plugin_cmds::init_tracing();
     match command {
         Command::Validate(args) => run_validate(&args),
-        Command::Eval(args) => crate::cli_eval::run(&args),
+        Command::Eval(args) => crate::cli::eval::run(&args),
         Command::Explain(args) => run_explain(&args),
-        Command::Plugins(args) => cli_plugins::run(&args),
+        Command::Plugins(args) => plugin_cmds::run(&args),
         Command::Serve(args) => crate::serve::run(*args),
-        Command::Client(command) => crate::cli_client::run(command),
+        Command::Client(command) => crate::cli::client::run(command),
     }
 }
 

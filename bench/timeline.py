@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Where a deploy's and a destroy's time goes, from the engine's own event timestamps.
+
+Deploys then destroys the bench/deploy.py blueprint (RESOURCES sim resources in LAYERS layers
+of LATENCY ms) on a fresh `trellis serve`, and prints for each: the CLI's wall time, the time
+from the CLI's start to the operation's first event, from the first to the last event, and for
+every layer when its first and its last resource finished (seconds after the first event).
+
+Usage: python3 bench/timeline.py [--resources 10000] [--layers 10] [--latency-ms 200] [--runs 1]
+Build first: cargo build --release --workspace (TRELLIS_BENCH_BIN as for bench/deploy.py)
+"""
+
+import argparse
+import collections
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("deploy_bench", os.path.join(HERE, "deploy.py"))
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def report(name, events, start, end):
+    window = [e for e in events if start - 0.01 <= bench.event_time(e) <= end + 0.01]
+    first, last = bench.event_time(window[0]), bench.event_time(window[-1])
+    print(f"{name}: wall {end - start:.3f} s; CLI start to first event {first - start:.3f} s, "
+          f"first to last event {last - first:.3f} s, last event to CLI exit {end - last:.3f} s")
+    layers = collections.defaultdict(list)
+    for e in window:
+        resource = (e.get("payload") or {}).get("resource")
+        if resource and e["kind"] in ("resource.created", "resource.destroyed"):
+            layers[resource.split("_")[0]].append(bench.event_time(e) - first)
+    for layer in sorted(layers, key=lambda k: min(layers[k])):
+        t = layers[layer]
+        print(f"  {layer}: first {min(t):.3f} s, last {max(t):.3f} s, spread {max(t) - min(t):.3f} s")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--resources", type=int, default=10000)
+    ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--latency-ms", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=1)
+    a = ap.parse_args()
+    for _ in range(a.runs):
+        work = tempfile.mkdtemp(prefix="trellis-timeline-")
+        try:
+            with open(os.path.join(work, "bench.yaml"), "w") as f:
+                f.write(bench.blueprint(a.resources, a.layers, a.latency_ms))
+            engine = bench.Engine(work, a.resources // a.layers)
+            _, out = engine.cli("plan", "bench.yaml", "--instance", "bench")
+            cs = re.search(r'"id":\s*"(cs_[0-9a-f]+)"', out).group(1)
+            t0 = time.time()
+            engine.cli("deploy", "--change-set", cs)
+            t1 = time.time()
+            engine.cli("destroy", "--instance", "bench")
+            t2 = time.time()
+            events = engine.events("bench")
+            report("deploy", events, t0, t1)
+            report("destroy", events, t1, t2)
+            engine.stop()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
