@@ -142,13 +142,15 @@ pub(crate) fn empty_state(name: &str) -> InstanceState {
 }
 
 pub(crate) fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
-    let plan = Plan::from_body(&cs.body).unwrap_or_default();
-    let diagnostics = cs
-        .body
-        .get("diagnostics")
-        .and_then(Json::as_array)
-        .cloned()
-        .unwrap_or_default();
+    // A body this engine cannot read still shows as a change set (its id, status, summary);
+    // executing it says why it cannot run.
+    let (plan, diagnostics) = match crate::body::decode(&cs.body) {
+        Ok(b) => (b.plan, b.diagnostics),
+        Err(e) => {
+            tracing::warn!(change_set = %cs.id, error = %e, "change set body not readable");
+            (Plan::default(), Vec::new())
+        }
+    };
     ChangeSetView {
         change_set: cs,
         instance_name,
@@ -301,16 +303,13 @@ impl Engine {
                 Err(e) => return Err(e.into()),
             },
         };
-        let body = json!({
-            "inputs": inputs.to_json(),
-            "plan": plan.to_json(),
-            "links": links::to_json(&plan.links),
-            "children": plan.children_json(),
-            // What the plan's data sources returned: execution uses exactly these.
-            "datasources": datasources,
-            "summary": plan.summary(),
-            "diagnostics": diagnostics,
-        });
+        // What the plan's data sources returned: execution uses exactly these.
+        let datasources = match datasources {
+            Json::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        let summary = plan.summary();
+        let body = crate::body::encode(&inputs, &plan, datasources, summary, diagnostics.clone());
         let cs = self
             .store
             .create_change_set(NewChangeSet {

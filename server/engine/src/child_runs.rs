@@ -256,9 +256,8 @@ impl Engine {
         sets.iter()
             .rev()
             .find(|cs| cs.status == ChangeSetStatus::Executed)
-            .and_then(|cs| cs.body.get("inputs"))
-            .and_then(Inputs::from_json)
-            .map(Box::new)
+            .and_then(|cs| crate::body::decode(&cs.body).ok())
+            .map(|b| Box::new(b.inputs))
     }
 
     /// Plans and executes every include as an instance of its own (`<parent>/<name>`), in

@@ -55,17 +55,7 @@ pub(crate) fn plan_request_digest(
     digest(&parts)
 }
 
-/// sha256 over `parts`, each framed by its length so no two lists collide.
-pub(crate) fn digest<T: AsRef<[u8]>>(parts: &[T]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for p in parts {
-        let p = p.as_ref();
-        h.update((p.len() as u64).to_le_bytes());
-        h.update(p);
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
+pub(crate) use trellis_ids::digest;
 
 impl Engine {
     /// Starts a mutation at most once per request id: a retry of the same request (same

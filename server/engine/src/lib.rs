@@ -9,6 +9,7 @@
 //! - Plans are tied to the instance version they read and to a digest of their exact inputs;
 //!   execution re-evaluates exactly those inputs.
 
+pub mod body;
 mod change_sets;
 pub mod check;
 mod child_runs;

@@ -295,37 +295,19 @@ pub fn owned_by_resource(links: &[Link]) -> HashMap<String, Vec<String>> {
     out
 }
 
-pub fn to_json(links: &[PlannedLink]) -> Json {
-    Json::Array(
-        links
-            .iter()
-            .map(|l| {
-                json!({ "a": l.a, "b": l.b, "linkType": l.link_type,
-                        "provider": l.provider, "action": l.action.as_str() })
-            })
-            .collect(),
-    )
-}
-
-pub fn from_json(v: &Json) -> Option<Vec<PlannedLink>> {
-    v.as_array()?
-        .iter()
-        .map(|l| {
-            Some(PlannedLink {
-                a: l.get("a")?.as_str()?.to_owned(),
-                b: l.get("b")?.as_str()?.to_owned(),
-                link_type: l.get("linkType")?.as_str()?.to_owned(),
-                provider: l.get("provider")?.as_str()?.to_owned(),
-                action: Action::parse(l.get("action")?.as_str()?)?,
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::state::{Instance, InstanceStatus, Link, ResourceStatus, Timestamp};
+
+    fn inputs() -> crate::prepare::Inputs {
+        crate::prepare::Inputs {
+            files: vec![],
+            variables: vec![],
+            now_unix_nanos: 0,
+            include_chain: vec![],
+        }
+    }
 
     fn wanted(a: &str, b: &str) -> WantedLink {
         WantedLink {
@@ -543,7 +525,12 @@ mod tests {
     #[test]
     fn planned_links_round_trip_through_the_change_set_body() {
         let links = plan_links(&[wanted("env", "a")], &state(&[("x", "y")]), &[]);
-        assert_eq!(from_json(&to_json(&links)).unwrap(), links);
+        let plan = crate::plan::Plan {
+            links: links.clone(),
+            ..Default::default()
+        };
+        let body = crate::body::encode(&inputs(), &plan, Default::default(), String::new(), vec![]);
+        assert_eq!(crate::body::decode(&body).unwrap().plan.links, links);
         assert_eq!(provider_of("local/envFile::local/file"), "local");
     }
 }

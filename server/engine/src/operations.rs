@@ -82,7 +82,7 @@ impl Engine {
             }
         }
         let cs = self.store.get_change_set(change_set_id).await.ok()?;
-        Plan::from_body(&cs.body).map(|p| count(&p))
+        crate::body::decode(&cs.body).ok().map(|b| count(&b.plan))
     }
 
     /// Records the operation and marks it running, under `lease`.
@@ -548,17 +548,14 @@ impl Engine {
             .rt
             .block_on(self.store.get_change_set(change_set_id))
             .map_err(|e| format!("state store: {e}"))?;
-        let inputs = cs
-            .body
-            .get("inputs")
-            .and_then(Inputs::from_json)
-            .ok_or("the change set's recorded inputs cannot be read")?;
+        let body = crate::body::decode(&cs.body).map_err(|e| e.to_string())?;
+        let inputs = body.inputs;
         if inputs.digest() != digest {
             return Err("the change set's recorded inputs do not match its digest".into());
         }
-        let plan = Plan::from_body(&cs.body).ok_or("the change set's plan cannot be read")?;
+        let plan = body.plan;
         let cwd = self.config.cwd.display().to_string();
-        let recorded = prepare::RecordedDataSources::from_body(&cs.body, plugins);
+        let recorded = prepare::RecordedDataSources::new(&body.datasources, plugins);
         let prepared = prepare::prepare_with(
             &inputs,
             self.config.request_limits(),

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
 use indexmap::IndexMap;
 
@@ -118,130 +118,10 @@ impl Plan {
             && self.children.iter().all(|c| c.action == Action::NoChange)
     }
 
-    pub fn to_json(&self) -> Json {
-        Json::Array(
-            self.resources
-                .iter()
-                .map(|r| {
-                    json!({
-                        "name": r.name,
-                        "type": r.resource_type,
-                        "action": r.action.as_str(),
-                        "fields": r.fields.iter().map(field_json).collect::<Vec<_>>(),
-                        "reason": r.reason,
-                        "dependsOn": r.depends_on,
-                    })
-                })
-                .collect(),
-        )
-    }
-
-    /// The plan of a change set body: its resources (`plan`), links (`links`) and children
-    /// (`children`).
-    pub fn from_body(body: &Json) -> Option<Plan> {
-        let mut plan = Plan::from_json(body.get("plan")?)?;
-        plan.links = body
-            .get("links")
-            .and_then(super::links::from_json)
-            .unwrap_or_default();
-        plan.children = match body.get("children") {
-            Some(c) => c
-                .as_array()?
-                .iter()
-                .map(ChildPlan::from_json)
-                .collect::<Option<Vec<_>>>()?,
-            None => Vec::new(),
-        };
-        Some(plan)
-    }
-
-    /// The children in the form kept in a change set body (`children`).
-    pub fn children_json(&self) -> Json {
-        Json::Array(self.children.iter().map(ChildPlan::to_json).collect())
-    }
-
     /// The planned child named `name` (an include name).
     pub fn child(&self, name: &str) -> Option<&ChildPlan> {
         self.children.iter().find(|c| c.name == name)
     }
-
-    pub fn from_json(v: &Json) -> Option<Plan> {
-        let resources = v
-            .as_array()?
-            .iter()
-            .map(|r| {
-                Some(PlannedResource {
-                    name: r.get("name")?.as_str()?.to_owned(),
-                    resource_type: r.get("type")?.as_str()?.to_owned(),
-                    action: Action::parse(r.get("action")?.as_str()?)?,
-                    fields: r
-                        .get("fields")?
-                        .as_array()?
-                        .iter()
-                        .map(field_from_json)
-                        .collect::<Option<Vec<_>>>()?,
-                    reason: r.get("reason")?.as_str()?.to_owned(),
-                    depends_on: r
-                        .get("dependsOn")?
-                        .as_array()?
-                        .iter()
-                        .map(|d| d.as_str().map(str::to_owned))
-                        .collect::<Option<Vec<_>>>()?,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(Plan {
-            resources,
-            links: Vec::new(),
-            children: Vec::new(),
-        })
-    }
-}
-
-pub fn shown_json(s: &Shown) -> Json {
-    match s {
-        Shown::Value(v) => json!({ "value": v }),
-        Shown::Unknown => json!({ "unknown": true }),
-        Shown::Sensitive => json!({ "sensitive": true }),
-    }
-}
-
-fn shown_from_json(v: &Json) -> Option<Shown> {
-    if let Some(x) = v.get("value") {
-        return Some(Shown::Value(x.clone()));
-    }
-    if v.get("unknown").is_some() {
-        return Some(Shown::Unknown);
-    }
-    v.get("sensitive").map(|_| Shown::Sensitive)
-}
-
-fn field_json(f: &FieldChange) -> Json {
-    let mut o = serde_json::Map::new();
-    o.insert("path".into(), Json::String(f.path.clone()));
-    if let Some(p) = &f.previous {
-        o.insert("previous".into(), shown_json(p));
-    }
-    if let Some(n) = &f.new {
-        o.insert("new".into(), shown_json(n));
-    }
-    o.insert("mustRecreate".into(), Json::Bool(f.must_recreate));
-    Json::Object(o)
-}
-
-fn field_from_json(v: &Json) -> Option<FieldChange> {
-    Some(FieldChange {
-        path: v.get("path")?.as_str()?.to_owned(),
-        previous: match v.get("previous") {
-            Some(p) => Some(shown_from_json(p)?),
-            None => None,
-        },
-        new: match v.get("new") {
-            Some(n) => Some(shown_from_json(n)?),
-            None => None,
-        },
-        must_recreate: v.get("mustRecreate")?.as_bool()?,
-    })
 }
 
 /// Whether a recorded resource is settled: deployed and not waiting on an unfinished call.
@@ -635,78 +515,6 @@ impl ChildPlan {
             })
             .collect()
     }
-
-    pub fn to_json(&self) -> Json {
-        json!({
-            "name": self.name,
-            "instance": self.instance,
-            "action": self.action.as_str(),
-            "plannedVersion": self.planned_version,
-            "plan": self.plan.to_json(),
-            "links": super::links::to_json(&self.plan.links),
-            "children": self.plan.children_json(),
-            "exports": self.exports.iter().map(|e| {
-                let mut o = serde_json::Map::new();
-                o.insert("name".into(), json!(e.name));
-                o.insert("action".into(), json!(e.action.as_str()));
-                if let Some(p) = &e.previous {
-                    o.insert("previous".into(), shown_json(p));
-                }
-                if let Some(n) = &e.new {
-                    o.insert("new".into(), shown_json(n));
-                }
-                if e.sensitive {
-                    o.insert("sensitive".into(), Json::Bool(true));
-                }
-                Json::Object(o)
-            }).collect::<Vec<_>>(),
-            "unknownVariables": self.unknown_variables,
-            "deferred": self.deferred,
-            "diagnostics": self.diagnostics,
-        })
-    }
-
-    pub fn from_json(v: &Json) -> Option<ChildPlan> {
-        let strings = |k: &str| -> Option<Vec<String>> {
-            v.get(k)?
-                .as_array()?
-                .iter()
-                .map(|x| x.as_str().map(str::to_owned))
-                .collect()
-        };
-        let plan = Plan::from_body(v)?;
-        let exports = v
-            .get("exports")?
-            .as_array()?
-            .iter()
-            .map(|e| {
-                Some(PlannedExport {
-                    name: e.get("name")?.as_str()?.to_owned(),
-                    action: Action::parse(e.get("action")?.as_str()?)?,
-                    previous: match e.get("previous") {
-                        Some(p) => Some(shown_from_json(p)?),
-                        None => None,
-                    },
-                    new: match e.get("new") {
-                        Some(n) => Some(shown_from_json(n)?),
-                        None => None,
-                    },
-                    sensitive: e.get("sensitive").and_then(Json::as_bool) == Some(true),
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(ChildPlan {
-            name: v.get("name")?.as_str()?.to_owned(),
-            instance: v.get("instance")?.as_str()?.to_owned(),
-            action: Action::parse(v.get("action")?.as_str()?)?,
-            planned_version: v.get("plannedVersion")?.as_u64()?,
-            plan,
-            exports,
-            unknown_variables: strings("unknownVariables")?,
-            deferred: v.get("deferred")?.as_str()?.to_owned(),
-            diagnostics: v.get("diagnostics")?.as_array()?.clone(),
-        })
-    }
 }
 
 /// Whether an instance holds a deployment: anything recorded, and not new or destroyed.
@@ -1050,6 +858,7 @@ pub fn planned_exports(
 mod tests {
     use super::*;
     use crate::state::{Resource, Timestamp};
+    use serde_json::json;
 
     fn recorded(name: &str, depends_on: &[&str]) -> Resource {
         let t = Timestamp::from_millis(0);
@@ -1112,7 +921,14 @@ mod tests {
             links: vec![],
             children: vec![],
         };
-        assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
+        let inputs = crate::prepare::Inputs {
+            files: vec![],
+            variables: vec![],
+            now_unix_nanos: 0,
+            include_chain: vec![],
+        };
+        let body = crate::body::encode(&inputs, &plan, Default::default(), String::new(), vec![]);
+        assert_eq!(crate::body::decode(&body).unwrap().plan, plan);
         assert_eq!(
             plan.summary(),
             "0 to create, 1 to update, 0 to recreate, 0 to delete, 0 unchanged"

@@ -3,8 +3,6 @@
 //! waits for which. Runs on a blocking thread: plugin calls (validation, provider functions)
 //! block on the engine's runtime.
 
-use sha2::{Digest, Sha256};
-
 use crate::blueprint::Blueprint;
 use crate::check::{self, PluginContext};
 use crate::diag::{Diagnostic, Diagnostics, Severity};
@@ -33,83 +31,15 @@ impl Inputs {
     /// sha256 over the documents and variables, each length-prefixed so no two different inputs
     /// hash alike.
     pub fn digest(&self) -> String {
-        let mut h = Sha256::new();
-        let mut put = |bytes: &[u8]| {
-            h.update((bytes.len() as u64).to_le_bytes());
-            h.update(bytes);
-        };
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * self.files.len() + 1);
         for (name, content) in &self.files {
-            put(name.as_bytes());
-            put(content);
+            parts.extend([name.as_bytes(), content.as_slice()]);
         }
-        put(b"--variables--");
+        parts.push(b"--variables--");
         for (k, v) in &self.variables {
-            put(k.as_bytes());
-            put(v.as_bytes());
+            parts.extend([k.as_bytes(), v.as_bytes()]);
         }
-        let digest = h.finalize();
-        let mut out = String::with_capacity(7 + 64);
-        out.push_str("sha256:");
-        for b in digest {
-            out.push_str(&format!("{b:02x}"));
-        }
-        out
-    }
-
-    /// The form kept in a change set body. Variables are kept as given: a secret variable's
-    /// value is needed to execute the plan later (the state database must be protected like
-    /// the credentials it holds; docs/state.md).
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "files": self.files.iter().map(|(name, content)| serde_json::json!({
-                "name": name,
-                "content": String::from_utf8_lossy(content),
-            })).collect::<Vec<_>>(),
-            "variables": self.variables.iter().map(|(k, v)| serde_json::json!([k, v])).collect::<Vec<_>>(),
-            "nowUnixNanos": self.now_unix_nanos.to_string(),
-            "includeChain": self.include_chain,
-        })
-    }
-
-    pub fn from_json(v: &serde_json::Value) -> Option<Inputs> {
-        let files = v
-            .get("files")?
-            .as_array()?
-            .iter()
-            .map(|f| {
-                Some((
-                    f.get("name")?.as_str()?.to_owned(),
-                    f.get("content")?.as_str()?.as_bytes().to_vec(),
-                ))
-            })
-            .collect::<Option<Vec<_>>>()?;
-        let variables = v
-            .get("variables")?
-            .as_array()?
-            .iter()
-            .map(|pair| {
-                Some((
-                    pair.get(0)?.as_str()?.to_owned(),
-                    pair.get(1)?.as_str()?.to_owned(),
-                ))
-            })
-            .collect::<Option<Vec<_>>>()?;
-        let now_unix_nanos = v.get("nowUnixNanos")?.as_str()?.parse().ok()?;
-        let include_chain = v
-            .get("includeChain")
-            .and_then(|c| c.as_array())
-            .map(|c| {
-                c.iter()
-                    .filter_map(|x| x.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Some(Inputs {
-            files,
-            variables,
-            now_unix_nanos,
-            include_chain,
-        })
+        format!("sha256:{}", trellis_ids::digest(&parts))
     }
 }
 
@@ -318,7 +248,10 @@ pub struct RecordedDataSources<'a> {
 
 impl<'a> RecordedDataSources<'a> {
     /// What a change set body recorded under `datasources` (name -> export -> JSON value).
-    pub fn from_body(body: &serde_json::Value, plugins: &'a PluginContext<'a>) -> Self {
+    pub fn new(
+        recorded: &serde_json::Map<String, serde_json::Value>,
+        plugins: &'a PluginContext<'a>,
+    ) -> Self {
         let as_values = |fields: &serde_json::Value| -> IndexMap<String, Value> {
             fields
                 .as_object()
@@ -327,11 +260,8 @@ impl<'a> RecordedDataSources<'a> {
                 .map(|(k, v)| (k.clone(), Value::from_json(v)))
                 .collect()
         };
-        let exports = body
-            .get("datasources")
-            .and_then(serde_json::Value::as_object)
-            .into_iter()
-            .flatten()
+        let exports = recorded
+            .iter()
             .map(|(name, fields)| (name.clone(), as_values(fields)))
             .collect();
         RecordedDataSources { exports, plugins }

@@ -88,7 +88,7 @@ fn request_id(headers: &http::HeaderMap) -> String {
         .filter(|id| !id.is_empty() && id.len() <= MAX_ID_LEN)
         .filter(|id| id.bytes().all(|b| b.is_ascii_graphic()))
         .map(str::to_owned)
-        .unwrap_or_else(|| trellis_state::new_id("req"))
+        .unwrap_or_else(|| trellis_ids::new_id("req"))
 }
 
 #[cfg(test)]

@@ -183,7 +183,7 @@ impl RequestIdArgs {
 
     fn resolve(&self) -> String {
         self.given()
-            .map_or_else(|| crate::state::new_id("req"), str::to_owned)
+            .map_or_else(|| trellis_ids::new_id("req"), str::to_owned)
     }
 }
 
