@@ -28,7 +28,7 @@ use trellis_proto::plugin::v1::transformer_client::TransformerClient as RawTrans
 use super::config::CallKind;
 use super::error::{AppError, PluginError};
 use super::supervisor::{Instance, Slot};
-use super::util::unique_id;
+
 use super::values;
 
 /// Per-call settings.
@@ -255,7 +255,10 @@ impl Caller {
         let budget = opts.deadline.unwrap_or_else(|| config.deadlines.get(kind));
         let deadline = Instant::now() + budget;
         let deadline_unix_ms = unix_ms(SystemTime::now() + budget);
-        let idempotency_key = opts.idempotency_key.clone().unwrap_or_else(unique_id);
+        let idempotency_key = opts
+            .idempotency_key
+            .clone()
+            .unwrap_or_else(|| trellis_ids::new_id("key"));
         {
             let ctx = req.context_mut();
             ctx.idempotency_key = idempotency_key;
@@ -281,7 +284,7 @@ impl Caller {
                     message: format!("the plugin does not declare the `{cap}` capability"),
                 });
             }
-            let call_id = unique_id();
+            let call_id = trellis_ids::new_id("call");
             req.context_mut().call_id = call_id.clone();
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {

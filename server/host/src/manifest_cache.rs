@@ -13,16 +13,14 @@
 //! A cached manifest is used only when its plugin kind and name match the
 //! binary's file name.
 
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use prost::Message;
-use sha2::{Digest, Sha256};
 use trellis_proto::plugin::v1 as pb;
 
 use super::discovery::PluginBinary;
-use super::util::{hex, random_hex, sha256_hex};
+use super::util::{random_hex, sha256_hex};
 
 /// What identifies a file's content cheaply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,22 +52,7 @@ impl Fingerprint {
     }
 }
 
-/// SHA-256 of a file, streamed.
-pub(crate) fn hash_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
-}
+use trellis_ids::hash_file;
 
 #[derive(Clone, Debug)]
 pub(crate) struct ManifestCache {

@@ -1,82 +1,11 @@
-//! Small helpers: random tokens, hex, exit statuses, bounded line reading.
+//! Small helpers: exit statuses, bounded line reading (tokens and digests: `trellis_ids`).
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
-/// `len` random bytes as lowercase hex. Uses getrandom(2); if the kernel
-/// refuses, falls back to /dev/urandom, and as a last resort to a SHA-256 of
-/// the clock, pid and a counter (unique, though not secret).
-pub(crate) fn random_hex(len: usize) -> String {
-    let mut buf = vec![0u8; len];
-    if !fill_random(&mut buf) {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let mut h = Sha256::new();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        h.update(now.to_le_bytes());
-        h.update(std::process::id().to_le_bytes());
-        h.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-        let digest = h.finalize();
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = digest[i % digest.len()];
-        }
-    }
-    hex(&buf)
-}
-
-fn fill_random(buf: &mut [u8]) -> bool {
-    let mut filled = 0;
-    while filled < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of `buf`.
-        let n =
-            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return fill_from_urandom(buf);
-        }
-        filled += n as usize;
-    }
-    true
-}
-
-fn fill_from_urandom(buf: &mut [u8]) -> bool {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(buf))
-        .is_ok()
-}
-
-/// A process-unique id: a random per-process prefix and a counter (no
-/// syscall per id). Unique across processes and restarts, not secret.
-pub(crate) fn unique_id() -> String {
-    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let prefix = PREFIX.get_or_init(|| random_hex(8));
-    format!("{prefix}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
-}
-
-pub(crate) fn sha256_hex(data: &[u8]) -> String {
-    hex(&Sha256::digest(data))
-}
+pub(crate) use trellis_ids::{random_hex, sha256_hex};
 
 /// `exit code 3` or `killed by signal 9 (SIGKILL)`.
 pub fn describe_exit(status: ExitStatus) -> String {
@@ -166,15 +95,6 @@ pub(crate) async fn read_line_bounded<R: AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn random_tokens_are_hex_and_differ() {
-        let a = random_hex(16);
-        let b = random_hex(16);
-        assert_eq!(a.len(), 32);
-        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
 
     #[test]
     fn exit_descriptions() {

@@ -652,38 +652,6 @@ pub(crate) fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str, what: &s
     parse(text).ok_or_else(|| StateError::Corrupt(format!("{what}: unknown status {text:?}")))
 }
 
-// ---- identifiers ------------------------------------------------------------------------------
-
-/// A new identifier `<prefix>_<32 hex digits>`: the time in milliseconds (so ids sort roughly by
-/// creation in logs) and 80 random bits. Randomness comes from std's per-process random hash
-/// keys, which is plenty for ids and lease tokens (fencing relies on epochs, not on secrecy).
-pub fn new_id(prefix: &str) -> String {
-    use std::collections::hash_map::RandomState;
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let random = |salt: u64| {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u64(n);
-        h.write_u64(salt);
-        h.write_u32(std::process::id());
-        h.finish()
-    };
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let (a, b) = (random(1), random(2));
-    format!(
-        "{prefix}_{:012x}{:04x}{:016x}",
-        millis & 0xffff_ffff_ffff,
-        a & 0xffff,
-        b
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -697,13 +665,6 @@ mod tests {
             assert_eq!(OperationStatus::parse(s.as_str()), Some(*s));
         }
         assert_eq!(InstanceStatus::parse("nope"), None);
-    }
-
-    #[test]
-    fn ids_are_unique() {
-        let ids: std::collections::HashSet<_> = (0..1000).map(|_| new_id("x")).collect();
-        assert_eq!(ids.len(), 1000);
-        assert!(ids.iter().all(|id| id.len() == 2 + 32));
     }
 
     #[test]
