@@ -147,3 +147,20 @@ fn a_newer_version_is_refused_with_what_to_do() {
         "{e}"
     );
 }
+
+/// Recorded change sets carry the digest of their inputs and execution checks it: the digest
+/// of given inputs never changes (this value was computed independently: SHA-256 over each
+/// part framed by its length as a little-endian u64).
+#[test]
+fn the_inputs_digest_is_stable() {
+    let inputs = Inputs {
+        files: vec![("a.yaml".into(), b"x: 1\n".to_vec())],
+        variables: vec![("k".into(), "v".into())],
+        now_unix_nanos: 7,
+        include_chain: vec![],
+    };
+    assert_eq!(
+        inputs.digest(),
+        "sha256:af5a8002308f468795d280a221452ecbc15384bde1be9d1069e1526e3bd46e58"
+    );
+}
