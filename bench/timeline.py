@@ -6,7 +6,13 @@ of LATENCY ms) on a fresh `trellis serve`, and prints for each: the CLI's wall t
 from the CLI's start to the operation's first event, from the first to the last event, and for
 every layer when its first and its last resource finished (seconds after the first event).
 
+With --no-watch the destroy is started over the engine API (Python grpcio, stubs generated
+from proto/ into a temporary directory; `pip install grpcio-tools`) and polled with
+GetOperation instead of watched by the CLI: the difference is what serving the event stream
+costs.
+
 Usage: python3 bench/timeline.py [--resources 10000] [--layers 10] [--latency-ms 200] [--runs 1]
+                                 [--no-watch]
 Build first: cargo build --release --workspace (TRELLIS_BENCH_BIN as for bench/deploy.py)
 """
 
@@ -16,6 +22,8 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -30,7 +38,7 @@ def report(name, events, kind, start, end):
     ops = {e.get("operationId") for e in events if e["kind"] == kind}
     window = [e for e in events if e.get("operationId") in ops]
     first, last = bench.event_time(window[0]), bench.event_time(window[-1])
-    print(f"{name}: wall {end - start:.3f} s; CLI start to first event {first - start:.3f} s, "
+    print(f"{name}: wall {end - start:.3f} s; start to first event {first - start:.3f} s, "
           f"first to last event {last - first:.3f} s, last event to CLI exit {end - last:.3f} s")
     layers = collections.defaultdict(list)
     for e in window:
@@ -42,13 +50,41 @@ def report(name, events, kind, start, end):
         print(f"  {layer}: first {min(t):.3f} s, last {max(t):.3f} s, spread {max(t) - min(t):.3f} s")
 
 
+def engine_stubs():
+    """The engine API's Python stubs, generated from proto/ into a temporary directory."""
+    out = tempfile.mkdtemp(prefix="trellis-stubs-")
+    protos = ["trellis/engine/v1/engine.proto", "trellis/plugin/v1/types.proto"]
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I.", f"--python_out={out}",
+                    f"--grpc_python_out={out}", *protos],
+                   cwd=os.path.join(os.path.dirname(HERE), "proto"), check=True)
+    for d in ["trellis", "trellis/engine", "trellis/engine/v1", "trellis/plugin",
+              "trellis/plugin/v1"]:
+        open(os.path.join(out, d, "__init__.py"), "a").close()
+    sys.path.insert(0, out)
+    import grpc
+    from trellis.engine.v1 import engine_pb2, engine_pb2_grpc
+    return grpc, engine_pb2, engine_pb2_grpc
+
+
+def destroy_unwatched(stubs, addr):
+    """Starts the destroy over the API and polls its operation until it ends."""
+    grpc, pb, rpc = stubs
+    api = rpc.EngineStub(grpc.insecure_channel(addr.removeprefix("http://")))
+    op = api.Destroy(pb.DestroyRequest(request_id=f"timeline-{time.time_ns()}", instance="bench"))
+    running = (pb.OPERATION_STATUS_PENDING, pb.OPERATION_STATUS_RUNNING)
+    while api.GetOperation(pb.GetOperationRequest(operation_id=op.id)).status in running:
+        time.sleep(0.005)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--resources", type=int, default=10000)
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--latency-ms", type=int, default=200)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--no-watch", action="store_true")
     a = ap.parse_args()
+    stubs = engine_stubs() if a.no_watch else None
     for _ in range(a.runs):
         work = tempfile.mkdtemp(prefix="trellis-timeline-")
         try:
@@ -60,7 +96,10 @@ def main():
             t0 = time.time()
             engine.cli("deploy", "--change-set", cs)
             t1 = time.time()
-            engine.cli("destroy", "--instance", "bench")
+            if stubs:
+                destroy_unwatched(stubs, engine.addr)
+            else:
+                engine.cli("destroy", "--instance", "bench")
             t2 = time.time()
             events = engine.events("bench")
             report("deploy", events, "resource.created", t0, t1)
