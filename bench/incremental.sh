@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 file=${1:-}
 if [ -z "$file" ]; then
+    # The second path is the layout before the crates (to measure an older commit).
     for f in server/engine/src/exec.rs server/src/engine/exec.rs; do
         [ -f "$f" ] && file=$f && break
     done

@@ -40,11 +40,15 @@ pub struct BodyError {
 impl std::fmt::Display for BodyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.path.is_empty() || self.path == "." {
-            write!(f, "the change set's body cannot be read: {}", self.message)
+            write!(
+                f,
+                "the change set's body cannot be read: {}; plan the change again",
+                self.message
+            )
         } else {
             write!(
                 f,
-                "the change set's body cannot be read at `{}`: {}",
+                "the change set's body cannot be read at `{}`: {}; plan the change again",
                 self.path, self.message
             )
         }
@@ -56,7 +60,6 @@ pub fn encode(
     inputs: &Inputs,
     plan: &Plan,
     datasources: Map<String, Json>,
-    summary: String,
     diagnostics: Vec<Json>,
 ) -> Json {
     let stored = StoredBody {
@@ -66,44 +69,65 @@ pub fn encode(
         links: plan.links.iter().map(StoredLink::from).collect(),
         children: plan.children.iter().map(StoredChild::from).collect(),
         datasources,
-        summary,
+        summary: plan.summary(),
         diagnostics,
     };
-    serde_json::to_value(stored).unwrap_or(Json::Null)
+    // Only string keys and plain values: serialising cannot fail.
+    serde_json::to_value(stored).expect("a change set body serialises")
 }
 
 /// Reads a stored body back.
 pub fn decode(body: &Json) -> Result<Body, BodyError> {
-    if let Some(v) = body.get("version") {
-        match v.as_u64() {
-            Some(v) if v <= BODY_VERSION => {}
-            Some(v) => {
-                return Err(BodyError {
-                    path: "version".into(),
-                    message: format!(
-                        "version {v} was written by a newer engine (this one reads up to \
-                         {BODY_VERSION}); plan the change again with this engine, or execute it \
-                         with the newer one"
-                    ),
-                });
-            }
-            None => {
-                return Err(BodyError {
-                    path: "version".into(),
-                    message: format!("not a version number: {v}"),
-                });
-            }
-        }
-    }
-    let stored: StoredBody = serde_path_to_error::deserialize(body).map_err(|e| BodyError {
-        path: e.path().to_string(),
-        message: e.inner().to_string(),
-    })?;
+    let stored: StoredBody = read(body)?;
     Ok(Body {
         inputs: stored.inputs.into(),
         plan: plan_of(stored.plan, stored.links, stored.children),
         datasources: stored.datasources,
         diagnostics: stored.diagnostics,
+    })
+}
+
+/// Only the inputs of a stored body (what a rollback deploys a child again from).
+pub fn decode_inputs(body: &Json) -> Result<Inputs, BodyError> {
+    let stored: StoredInputsOnly = read(body)?;
+    Ok(stored.inputs.into())
+}
+
+/// Only the plan and diagnostics of a stored body (what the API shows of a change set).
+pub fn decode_plan(body: &Json) -> Result<(Plan, Vec<Json>), BodyError> {
+    let stored: StoredPlanOnly = read(body)?;
+    Ok((
+        plan_of(stored.plan, stored.links, stored.children),
+        stored.diagnostics,
+    ))
+}
+
+/// A body (or the part `T` takes of it) of a version this engine reads.
+fn read<T: serde::de::DeserializeOwned>(body: &Json) -> Result<T, BodyError> {
+    // Absent in bodies written before the format had a version: those are version 1.
+    let version = match body.get("version") {
+        None => 1,
+        Some(v) => v.as_u64().ok_or_else(|| BodyError {
+            path: "version".into(),
+            message: format!("not a version number: {v}"),
+        })?,
+    };
+    if !(1..=BODY_VERSION).contains(&version) {
+        return Err(BodyError {
+            path: "version".into(),
+            message: if version > BODY_VERSION {
+                format!(
+                    "version {version} was written by a newer engine (this one reads up to \
+                     {BODY_VERSION}), which can execute it"
+                )
+            } else {
+                format!("no version {version} exists")
+            },
+        });
+    }
+    serde_path_to_error::deserialize(body).map_err(|e| BodyError {
+        path: e.path().to_string(),
+        message: e.inner().to_string(),
     })
 }
 
@@ -121,15 +145,11 @@ fn plan_of(
 
 // ---- version 1 --------------------------------------------------------------------------------
 
-fn version_one() -> u64 {
-    1
-}
-
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct StoredBody {
-    /// Absent from bodies written before the format had a version: they are version 1.
-    #[serde(default = "version_one")]
+    /// Written, and checked by [`read`] before anything else is decoded.
+    #[serde(skip_deserializing)]
     version: u64,
     inputs: StoredInputs,
     plan: Vec<StoredResource>,
@@ -141,6 +161,22 @@ struct StoredBody {
     datasources: Map<String, Json>,
     #[serde(default)]
     summary: String,
+    #[serde(default)]
+    diagnostics: Vec<Json>,
+}
+
+#[derive(Deserialize)]
+struct StoredInputsOnly {
+    inputs: StoredInputs,
+}
+
+#[derive(Deserialize)]
+struct StoredPlanOnly {
+    plan: Vec<StoredResource>,
+    #[serde(default)]
+    links: Vec<StoredLink>,
+    #[serde(default)]
+    children: Vec<StoredChild>,
     #[serde(default)]
     diagnostics: Vec<Json>,
 }

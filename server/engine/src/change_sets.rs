@@ -7,7 +7,7 @@ use super::*;
 pub(crate) struct Planned {
     plan: Plan,
     diagnostics: Vec<Json>,
-    datasources: Json,
+    datasources: serde_json::Map<String, Json>,
     /// Why the blueprint cannot be planned.
     error: Option<PlanFailure>,
     prepared: Option<Prepared>,
@@ -17,7 +17,7 @@ pub(crate) struct Planned {
 
 /// Why planning stopped: a message, and for an invalid blueprint (the root's or a child's)
 /// its diagnostics, which the API returns as data (they may be far too many for a status).
-pub(crate) struct PlanFailure {
+struct PlanFailure {
     message: String,
     diagnostics: Vec<Json>,
 }
@@ -59,7 +59,7 @@ impl From<PlanFailure> for EngineError {
 
 /// What planning a blueprint's children found.
 #[derive(Default)]
-pub(crate) struct PlannedChildren {
+struct PlannedChildren {
     children: Vec<plan::ChildPlan>,
     /// Documents read from the engine host (not sent with the request), named as execution
     /// looks them up: added to the root's inputs, so its digest covers them and execution
@@ -68,7 +68,7 @@ pub(crate) struct PlannedChildren {
 }
 
 /// One include to plan.
-pub(crate) struct ChildInputs<'a> {
+struct ChildInputs<'a> {
     name: &'a str,
     instance: &'a str,
     file: String,
@@ -84,7 +84,7 @@ pub(crate) struct ChildInputs<'a> {
 }
 
 /// A child whose changes are worked out only at deploy.
-pub(crate) fn deferred_child(
+fn deferred_child(
     name: &str,
     state: &InstanceState,
     unknown: Vec<String>,
@@ -109,7 +109,7 @@ pub(crate) fn deferred_child(
 
 /// The name under which `children::resolve` finds the document `path` included by `parent`
 /// among the request's files.
-pub(crate) fn include_key(parent: &str, path: &str) -> String {
+fn include_key(parent: &str, path: &str) -> String {
     let dir = parent.rfind('/').map_or("", |i| &parent[..i]);
     if path.starts_with('/') || dir.is_empty() {
         children::normalize(path)
@@ -119,7 +119,7 @@ pub(crate) fn include_key(parent: &str, path: &str) -> String {
 }
 
 /// The state of an instance that does not exist yet.
-pub(crate) fn empty_state(name: &str) -> InstanceState {
+fn empty_state(name: &str) -> InstanceState {
     let t = crate::state::Timestamp::from_millis(0);
     InstanceState {
         instance: crate::state::Instance {
@@ -144,8 +144,8 @@ pub(crate) fn empty_state(name: &str) -> InstanceState {
 pub(crate) fn view(cs: ChangeSet, instance_name: String) -> ChangeSetView {
     // A body this engine cannot read still shows as a change set (its id, status, summary);
     // executing it says why it cannot run.
-    let (plan, diagnostics) = match crate::body::decode(&cs.body) {
-        Ok(b) => (b.plan, b.diagnostics),
+    let (plan, diagnostics) = match crate::body::decode_plan(&cs.body) {
+        Ok(read) => read,
         Err(e) => {
             tracing::warn!(change_set = %cs.id, error = %e, "change set body not readable");
             (Plan::default(), Vec::new())
@@ -304,12 +304,7 @@ impl Engine {
             },
         };
         // What the plan's data sources returned: execution uses exactly these.
-        let datasources = match datasources {
-            Json::Object(m) => m,
-            _ => serde_json::Map::new(),
-        };
-        let summary = plan.summary();
-        let body = crate::body::encode(&inputs, &plan, datasources, summary, diagnostics.clone());
+        let body = crate::body::encode(&inputs, &plan, datasources, diagnostics.clone());
         let cs = self
             .store
             .create_change_set(NewChangeSet {
@@ -340,7 +335,7 @@ impl Engine {
     /// dependency order, and the children `current` has that the blueprint no longer includes
     /// (deleted). Records the exports the plan knows of each child in `prepared` and evaluates
     /// the parent's resources again with them.
-    pub(crate) fn plan_children(
+    fn plan_children(
         &self,
         parent: &str,
         prepared: &mut Prepared,
@@ -472,7 +467,7 @@ impl Engine {
     }
 
     /// Plans one child against its instance's state; its own children first.
-    pub(crate) fn plan_child(
+    fn plan_child(
         &self,
         child: ChildInputs<'_>,
         files: &[(String, Vec<u8>)],
@@ -561,7 +556,7 @@ impl Engine {
     }
 
     /// The plan of a child no longer included, and of its own children.
-    pub(crate) fn plan_deleted_child(
+    fn plan_deleted_child(
         &self,
         name: &str,
         state: &InstanceState,

@@ -4,7 +4,7 @@
 use super::*;
 
 /// A child deployed by its parent's operation.
-pub(crate) struct ChildRun {
+struct ChildRun {
     instance_id: String,
     /// Its change set changed something.
     changed: bool,
@@ -15,7 +15,7 @@ pub(crate) struct ChildRun {
 
 /// A child instance must be at the version the parent's plan read: otherwise what the plan
 /// showed (and what the parent's plan relied on) may no longer hold.
-pub(crate) fn check_child_version(
+fn check_child_version(
     planned: &plan::ChildPlan,
     state: &InstanceState,
 ) -> std::result::Result<(), String> {
@@ -32,7 +32,7 @@ pub(crate) fn check_child_version(
 
 /// The exports a child ended with must be those its plan knew: the parent's plan (what it
 /// left unchanged) relied on them.
-pub(crate) fn check_child_exports(
+fn check_child_exports(
     planned: &plan::ChildPlan,
     exports: &indexmap::IndexMap<String, crate::eval::value::Value>,
 ) -> std::result::Result<(), String> {
@@ -137,7 +137,7 @@ impl Engine {
     }
 
     /// Destroys a child's instance and forgets it in the parent (if the parent records it).
-    pub(crate) fn destroy_child_instance(
+    fn destroy_child_instance(
         self: &Arc<Self>,
         ctx: &Arc<RunContext>,
         name: &str,
@@ -163,11 +163,7 @@ impl Engine {
     }
 
     /// Removes the parent's record of child `name`, if it has one.
-    pub(crate) fn forget_child(
-        &self,
-        ctx: &RunContext,
-        name: &str,
-    ) -> std::result::Result<(), String> {
+    fn forget_child(&self, ctx: &RunContext, name: &str) -> std::result::Result<(), String> {
         let state = ctx
             .rt
             .block_on(self.store.load_state(&ctx.operation.instance_id))
@@ -186,7 +182,7 @@ impl Engine {
 
     /// Deploys a child again from recorded inputs (its last successful deploy's) and records
     /// it in the parent.
-    pub(crate) fn restore_child(
+    fn restore_child(
         self: &Arc<Self>,
         ctx: &Arc<RunContext>,
         name: &str,
@@ -243,21 +239,27 @@ impl Engine {
         Ok(())
     }
 
-    /// The inputs of a child's last successful deploy (its newest executed change set).
-    pub(crate) fn last_deployed_inputs(
+    /// The inputs of a child's last successful deploy (its newest executed change set), `None`
+    /// when it has none. An error when they cannot be read: a rollback would otherwise take
+    /// "none" for an answer and destroy the child.
+    fn last_deployed_inputs(
         &self,
         ctx: &RunContext,
         instance_id: &str,
-    ) -> Option<Box<Inputs>> {
+    ) -> std::result::Result<Option<Box<Inputs>>, String> {
         let sets = ctx
             .rt
             .block_on(self.store.list_change_sets(instance_id))
-            .ok()?;
+            .map_err(|e| format!("state store: {e}"))?;
         sets.iter()
             .rev()
             .find(|cs| cs.status == ChangeSetStatus::Executed)
-            .and_then(|cs| crate::body::decode(&cs.body).ok())
-            .map(|b| Box::new(b.inputs))
+            .map(|cs| {
+                crate::body::decode_inputs(&cs.body)
+                    .map(Box::new)
+                    .map_err(|e| format!("change set {}: {e}", cs.id))
+            })
+            .transpose()
     }
 
     /// Plans and executes every include as an instance of its own (`<parent>/<name>`), in
@@ -340,8 +342,11 @@ impl Engine {
                 check_child_version(p, &state)?;
             }
             // What a rollback would go back to: captured before the child changes.
-            let previous =
-                plan::deployed(&state).then(|| self.last_deployed_inputs(ctx, &state.instance.id));
+            let previous = if plan::deployed(&state) {
+                Some(self.last_deployed_inputs(ctx, &state.instance.id)?)
+            } else {
+                None
+            };
             let run = ctx.rt.block_on(self.run_child(
                 ctx,
                 &instance,
@@ -398,7 +403,7 @@ impl Engine {
                     name: c.name.clone(),
                     instance: state.instance.name.clone(),
                     instance_id: c.child_instance_id.clone(),
-                    previous: self.last_deployed_inputs(ctx, &c.child_instance_id),
+                    previous: self.last_deployed_inputs(ctx, &c.child_instance_id)?,
                 });
             }
             self.destroy_children(ctx, before, &gone)?;
@@ -409,7 +414,7 @@ impl Engine {
     /// Plans and executes one child (on its parent's clock `now`; with `rollback`, a failure
     /// rolls the child back); its exports once it is deployed.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn run_child(
+    async fn run_child(
         self: &Arc<Self>,
         ctx: &RunContext,
         instance: &str,

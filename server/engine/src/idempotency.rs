@@ -52,10 +52,8 @@ pub(crate) fn plan_request_digest(
     for (k, v) in variables {
         parts.extend([k.as_bytes(), v.as_bytes()]);
     }
-    digest(&parts)
+    trellis_ids::digest(&parts)
 }
-
-pub(crate) use trellis_ids::digest;
 
 impl Engine {
     /// Starts a mutation at most once per request id: a retry of the same request (same

@@ -33,7 +33,6 @@ pub mod tls;
 use child_runs::*;
 use idempotency::*;
 pub use operations::Finish;
-use operations::*;
 // The crates below the engine, under the names their modules had when they were one crate.
 use trellis_host as plugins;
 #[cfg(test)]

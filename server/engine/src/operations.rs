@@ -5,7 +5,7 @@
 use super::*;
 
 /// What [`Engine::start_operation`] records.
-pub(crate) struct OperationStart<'a> {
+struct OperationStart<'a> {
     kind: OperationKind,
     request_id: &'a str,
     request_digest: &'a str,
@@ -16,7 +16,7 @@ pub(crate) struct OperationStart<'a> {
 }
 
 /// What [`Engine::start_operation`] did.
-pub(crate) enum Started {
+enum Started {
     /// Recorded and marked running: the caller runs it.
     New(Operation),
     /// The request id already names this operation: nothing was started.
@@ -24,20 +24,16 @@ pub(crate) enum Started {
 }
 
 /// The longest wait between two tries to record an operation's end the store refused.
-pub(crate) const RECORD_RETRY_MAX: Duration = Duration::from_secs(10);
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// How an operation that ran its body to `f` ended.
-pub(crate) fn end_status(f: &Finish, cancelled: bool) -> OperationStatus {
+fn end_status(f: &Finish, cancelled: bool) -> OperationStatus {
     match (&f.error, cancelled) {
         (None, _) => OperationStatus::Succeeded,
         (Some(_), true) => OperationStatus::Cancelled,
         (Some(_), false) => OperationStatus::Failed,
     }
 }
-
-/// After the drain timeout, how long operations asked to stop get to reach a safe point (the
-/// provider calls in flight come back) before they are marked interrupted.
-pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How an operation's body ended.
 #[derive(Clone)]
@@ -68,7 +64,7 @@ impl Engine {
 
     /// How many resources a change set creates, updates, recreates or deletes: from the plan
     /// this engine holds, else from the recorded body; `None` if neither can be read.
-    pub(crate) async fn planned_changes(&self, change_set_id: &str) -> Option<usize> {
+    async fn planned_changes(&self, change_set_id: &str) -> Option<usize> {
         let count = |plan: &Plan| {
             plan.resources
                 .iter()
@@ -82,15 +78,13 @@ impl Engine {
             }
         }
         let cs = self.store.get_change_set(change_set_id).await.ok()?;
-        crate::body::decode(&cs.body).ok().map(|b| count(&b.plan))
+        crate::body::decode_plan(&cs.body)
+            .ok()
+            .map(|(plan, _)| count(&plan))
     }
 
     /// Records the operation and marks it running, under `lease`.
-    pub(crate) async fn start_operation(
-        &self,
-        lease: &Lease,
-        start: OperationStart<'_>,
-    ) -> Result<Started> {
+    async fn start_operation(&self, lease: &Lease, start: OperationStart<'_>) -> Result<Started> {
         let OperationStart {
             kind,
             request_id,
@@ -150,7 +144,7 @@ impl Engine {
         change_set_id: &str,
         rollback_on_failure: bool,
     ) -> Result<Operation> {
-        let request_digest = digest(&[
+        let request_digest = trellis_ids::digest(&[
             "execute",
             change_set_id,
             if rollback_on_failure { "rollback" } else { "" },
@@ -168,7 +162,7 @@ impl Engine {
         .await
     }
 
-    pub(crate) async fn start_execute(
+    async fn start_execute(
         self: &Arc<Self>,
         request_id: &str,
         request_digest: &str,
@@ -242,7 +236,7 @@ impl Engine {
 
     /// Starts destroying an instance.
     pub async fn destroy(self: &Arc<Self>, request_id: &str, instance: &str) -> Result<Operation> {
-        let request_digest = digest(&["destroy", instance]);
+        let request_digest = trellis_ids::digest(&["destroy", instance]);
         self.once(
             request_id,
             &request_digest,
@@ -251,7 +245,7 @@ impl Engine {
         .await
     }
 
-    pub(crate) async fn start_destroy(
+    async fn start_destroy(
         self: &Arc<Self>,
         request_id: &str,
         request_digest: &str,
@@ -302,7 +296,8 @@ impl Engine {
         only: Vec<String>,
     ) -> Result<Operation> {
         let mode = if accept_external { "accept" } else { "reapply" };
-        let request_digest = digest(&["reconcile", instance, mode, &only.join("\u{0}")]);
+        let request_digest =
+            trellis_ids::digest(&["reconcile", instance, mode, &only.join("\u{0}")]);
         self.once(
             request_id,
             &request_digest,
@@ -311,7 +306,7 @@ impl Engine {
         .await
     }
 
-    pub(crate) async fn start_reconcile(
+    async fn start_reconcile(
         self: &Arc<Self>,
         request_id: &str,
         request_digest: &str,
@@ -365,7 +360,7 @@ impl Engine {
     }
 
     /// Runs an operation on a blocking thread (see `exec`) and records how it ended.
-    pub(crate) fn spawn_run(
+    fn spawn_run(
         self: &Arc<Self>,
         op: Operation,
         lease: Lease,
@@ -537,7 +532,7 @@ impl Engine {
 
     /// Inputs, plan and evaluation rebuilt from a change set's recorded body, with the data
     /// sources replayed as planned.
-    pub(crate) fn recorded_plan(
+    fn recorded_plan(
         &self,
         ctx: &RunContext,
         change_set_id: &str,
@@ -566,7 +561,7 @@ impl Engine {
         Ok((inputs, plan, prepared))
     }
 
-    pub(crate) fn run_deploy(
+    fn run_deploy(
         self: &Arc<Self>,
         ctx: &Arc<RunContext>,
         plugins: &PluginContext<'_>,
@@ -665,7 +660,7 @@ impl Engine {
     /// Undoes a failed deploy: the parent's resources (`done`, back to `before`), then what it
     /// did to its children, the last first. The instance ends `ROLLBACK_COMPLETE`, or
     /// `ROLLBACK_FAILED` when something could not be undone.
-    pub(crate) fn roll_back(
+    fn roll_back(
         self: &Arc<Self>,
         ctx: &Arc<RunContext>,
         error: String,
@@ -710,13 +705,13 @@ impl Engine {
         }
     }
 
-    pub(crate) fn drained(&self, ctx: &RunContext) -> bool {
+    fn drained(&self, ctx: &RunContext) -> bool {
         self.draining.load(Ordering::SeqCst) && ctx.stop.is_cancelled()
     }
 
     /// The instance's exports after a deploy: every resource's recorded state is read into the
     /// evaluation, then each export is evaluated and type-checked.
-    pub(crate) fn final_exports(
+    fn final_exports(
         &self,
         ctx: &RunContext,
         prepared: &mut Prepared,
@@ -772,7 +767,7 @@ impl Engine {
         }
     }
 
-    pub(crate) fn run_destroy(self: &Arc<Self>, ctx: &Arc<RunContext>) -> Finish {
+    fn run_destroy(self: &Arc<Self>, ctx: &Arc<RunContext>) -> Finish {
         let state = match ctx
             .rt
             .block_on(ctx.store.load_state(&ctx.operation.instance_id))
@@ -813,12 +808,7 @@ impl Engine {
         }
     }
 
-    pub(crate) fn run_reconcile(
-        &self,
-        ctx: &Arc<RunContext>,
-        accept: bool,
-        only: &[String],
-    ) -> Finish {
+    fn run_reconcile(&self, ctx: &Arc<RunContext>, accept: bool, only: &[String]) -> Finish {
         let inst = ctx.operation.instance_id.clone();
         let state = match ctx.rt.block_on(ctx.store.load_state(&inst)) {
             Ok(s) => s,

@@ -69,20 +69,18 @@ pub struct Prepared {
 
 impl Prepared {
     /// The fetched data sources' exports, for the change set body.
-    pub fn datasources_json(&self) -> serde_json::Value {
-        serde_json::Value::Object(
-            self.evaluation
-                .datasources
-                .iter()
-                .map(|(name, exports)| {
-                    let fields = exports
-                        .iter()
-                        .map(|(k, v)| (k.clone(), super::state_values::eval_to_json(v)))
-                        .collect();
-                    (name.clone(), serde_json::Value::Object(fields))
-                })
-                .collect(),
-        )
+    pub fn datasources_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.evaluation
+            .datasources
+            .iter()
+            .map(|(name, exports)| {
+                let fields = exports
+                    .iter()
+                    .map(|(k, v)| (k.clone(), super::state_values::eval_to_json(v)))
+                    .collect();
+                (name.clone(), serde_json::Value::Object(fields))
+            })
+            .collect()
     }
 
     /// Diagnostics in the engine API's flat form.

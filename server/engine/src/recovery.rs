@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// After the drain timeout, how long operations asked to stop get to reach a safe point (the
+/// provider calls in flight come back) before they are marked interrupted.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
 impl Engine {
     /// At start: operations a previous run of this engine left pending or running are marked
     /// interrupted (so are operations whose lease expired), and so are their instances.
@@ -16,7 +20,7 @@ impl Engine {
         Ok(ops)
     }
 
-    pub(crate) async fn mark_instances_interrupted(&self, ops: &[Operation]) {
+    async fn mark_instances_interrupted(&self, ops: &[Operation]) {
         let mut seen = std::collections::HashSet::new();
         for op in ops {
             if !seen.insert(op.instance_id.clone()) {
@@ -81,7 +85,7 @@ impl Engine {
     }
 
     /// Waits until no operation runs, or `deadline`; whether none runs.
-    pub(crate) async fn wait_idle(&self, deadline: tokio::time::Instant) -> bool {
+    async fn wait_idle(&self, deadline: tokio::time::Instant) -> bool {
         loop {
             let notified = self.finished.notified();
             if self.running.is_empty() {

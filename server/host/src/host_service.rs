@@ -22,8 +22,8 @@ use trellis_proto::plugin::v1::host_server::{Host, HostServer};
 use super::client::CallOptions;
 use super::process::{self, lock};
 use super::supervisor::Shared;
-use super::util::{random_hex, sha256_hex};
 use super::values;
+use trellis_ids::{random_hex, sha256_hex};
 
 pub const HOST_TOKEN_METADATA: &str = "x-trellis-host-token";
 /// Longest wait AcquireLock accepts.

@@ -264,7 +264,7 @@ impl PluginHost {
     /// running inside the engine, or a test). Plugin processes get theirs
     /// at handshake.
     pub fn issue_host_token(&self, identity: &str) -> String {
-        let token = util::random_hex(32);
+        let token = trellis_ids::random_hex(32);
         self.inner.shared.auth.register(
             &token,
             Caller {

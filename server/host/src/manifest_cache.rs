@@ -20,7 +20,7 @@ use prost::Message;
 use trellis_proto::plugin::v1 as pb;
 
 use super::discovery::PluginBinary;
-use super::util::{random_hex, sha256_hex};
+use trellis_ids::{hash_file, random_hex, sha256_hex};
 
 /// What identifies a file's content cheaply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,8 +51,6 @@ impl Fingerprint {
         )
     }
 }
-
-use trellis_ids::hash_file;
 
 #[derive(Clone, Debug)]
 pub(crate) struct ManifestCache {

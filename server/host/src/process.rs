@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
-use super::util::random_hex;
+use trellis_ids::random_hex;
 
 /// Lines kept from a plugin's stderr for error messages.
 pub const STDERR_TAIL_LINES: usize = 20;

@@ -27,7 +27,8 @@ use super::error::{ExitInfo, PluginError};
 use super::host_service::{AuthRegistry, Caller, HostServiceHandle, LockTable};
 use super::manifest_cache::{Fingerprint, ManifestCache};
 use super::process::{self, MAX_LINE_BYTES, Process, lock};
-use super::util::{describe_exit, random_hex, read_line_bounded};
+use super::util::{describe_exit, read_line_bounded};
+use trellis_ids::random_hex;
 
 pub const ENV_NONCE: &str = "TRELLIS_PLUGIN_NONCE";
 pub const ENV_PROTOCOL_VERSIONS: &str = "TRELLIS_PLUGIN_PROTOCOL_VERSIONS";

@@ -5,8 +5,6 @@ use std::process::ExitStatus;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
-pub(crate) use trellis_ids::{random_hex, sha256_hex};
-
 /// `exit code 3` or `killed by signal 9 (SIGKILL)`.
 pub fn describe_exit(status: ExitStatus) -> String {
     if let Some(code) = status.code() {

@@ -88,7 +88,6 @@ fn what_is_written_reads_back_the_same() {
         &before.inputs,
         &before.plan,
         before.datasources.clone(),
-        String::new(),
         vec![],
     );
     assert_eq!(written["version"], json!(BODY_VERSION));
@@ -96,6 +95,12 @@ fn what_is_written_reads_back_the_same() {
     assert_eq!(after.inputs, before.inputs);
     assert_eq!(after.plan, before.plan);
     assert_eq!(after.datasources, before.datasources);
+    assert_eq!(written["summary"], json!(before.plan.summary()));
+    assert_eq!(decode_inputs(&written).unwrap(), before.inputs);
+    assert_eq!(decode_plan(&written).unwrap().0, before.plan);
+    assert_eq!(written["summary"], json!(before.plan.summary()));
+    assert_eq!(decode_inputs(&written).unwrap(), before.inputs);
+    assert_eq!(decode_plan(&written).unwrap().0, before.plan);
     // The stored shape is the one bodies always had: an older engine reads it too.
     let mut unversioned_again = written.clone();
     unversioned_again.as_object_mut().unwrap().remove("version");
@@ -142,10 +147,10 @@ fn a_newer_version_is_refused_with_what_to_do() {
     body["version"] = json!(BODY_VERSION + 1);
     let e = decode(&body).unwrap_err();
     assert_eq!(e.path, "version");
-    assert!(
-        e.message.contains("newer engine") && e.message.contains("plan the change again"),
-        "{e}"
-    );
+    assert!(e.message.contains("newer engine"), "{e}");
+    assert!(e.to_string().contains("plan the change again"), "{e}");
+    body["version"] = json!(0);
+    assert_eq!(decode(&body).unwrap_err().path, "version");
 }
 
 /// Recorded change sets carry the digest of their inputs and execution checks it: the digest

@@ -1,4 +1,5 @@
-//! Integration tests of the plugin host, against real plugin processes (the sim, local and celerity plugins, fixtures written as scripts, and a Python plugin for interop).
+//! Integration tests of the plugin host, against real plugin processes (the sim plugin, the celerity transformer, fixtures written as scripts, and a Python plugin
+//! for interop).
 
 mod crash_loop;
 mod fixtures;

@@ -200,7 +200,7 @@ impl Report {
     }
 }
 
-pub use crate::validate::validate_source;
+use crate::validate::validate_source;
 
 fn run_validate(args: &ValidateArgs) -> ExitCode {
     let opts = Options {
@@ -309,7 +309,8 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
     }
 }
 
-fn plural(n: usize) -> &'static str {
+/// "s" unless `n` is 1.
+pub(crate) fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 

@@ -22,9 +22,9 @@ use crate::state::{
 };
 
 /// How often a watch with nothing to send sends a heartbeat.
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
+pub(super) const HEARTBEAT: Duration = Duration::from_secs(5);
 
-pub struct EngineApi {
+pub(super) struct EngineApi {
     engine: Arc<Engine>,
     /// Ends open watch streams at shutdown (after the drain, so watchers see how operations
     /// ended), so the server's graceful stop does not wait on followers forever.
@@ -32,7 +32,10 @@ pub struct EngineApi {
 }
 
 impl EngineApi {
-    pub fn new(engine: Arc<Engine>, shutdown: tokio_util::sync::CancellationToken) -> EngineApi {
+    pub(super) fn new(
+        engine: Arc<Engine>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> EngineApi {
         EngineApi { engine, shutdown }
     }
 }
@@ -56,7 +59,7 @@ fn status(e: EngineError) -> Status {
 }
 
 /// "the blueprint has 3 errors" (and the first), one line however many there are.
-pub fn invalid_summary(diagnostics: &[Json]) -> String {
+pub(super) fn invalid_summary(diagnostics: &[Json]) -> String {
     let errors: Vec<&Json> = diagnostics
         .iter()
         .filter(|d| d.get("severity").and_then(Json::as_str) == Some("error"))
@@ -110,7 +113,7 @@ fn variables(v: Vec<api::Variable>) -> Vec<(String, String)> {
 
 // ---- encoding ---------------------------------------------------------------------------------
 
-pub fn diagnostic(d: &Json) -> api::Diagnostic {
+pub(super) fn diagnostic(d: &Json) -> api::Diagnostic {
     let s = |k: &str| {
         d.get(k)
             .and_then(Json::as_str)
@@ -226,7 +229,7 @@ fn child_change(c: &ChildPlan) -> api::ChildChange {
     }
 }
 
-pub fn change_set(v: &ChangeSetView) -> api::ChangeSet {
+pub(super) fn change_set(v: &ChangeSetView) -> api::ChangeSet {
     let cs = &v.change_set;
     api::ChangeSet {
         id: cs.id.clone(),
@@ -314,7 +317,7 @@ fn export(e: &state::Export, reveal: bool) -> api::Export {
 }
 
 /// An instance's whole state; secrets masked unless `reveal`.
-pub fn instance(s: &state::InstanceState, reveal: bool) -> api::Instance {
+pub(super) fn instance(s: &state::InstanceState, reveal: bool) -> api::Instance {
     let mut out = instance_summary(&s.instance);
     // An external id is a plain text, but a provider may build it from a secret (a path):
     // it is masked when it quotes a secret the instance records.

@@ -15,23 +15,23 @@ use tokio_rustls::rustls::pki_types::CertificateDer;
 
 /// Where the engine listens unless told otherwise: loopback only, so a fresh install is not
 /// reachable from the network.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8325";
+pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8325";
 /// The data directory, relative to the working directory.
-pub const DEFAULT_DATA_DIR: &str = ".trellis";
-pub const DEFAULT_LOG_LEVEL: &str = "info";
-pub const DEFAULT_MAX_PARALLEL: usize = 64;
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-pub const DEFAULT_MAX_INCLUDE_BYTES: u64 = 1024 * 1024;
-pub const DEFAULT_MAX_INPUT_SIZE: usize = crate::document::DEFAULT_MAX_INPUT_BYTES;
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-pub const DEFAULT_EVENT_RETENTION_DAYS: u32 = 30;
+pub(super) const DEFAULT_DATA_DIR: &str = ".trellis";
+pub(super) const DEFAULT_LOG_LEVEL: &str = "info";
+pub(super) const DEFAULT_MAX_PARALLEL: usize = 64;
+pub(super) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const DEFAULT_MAX_INCLUDE_BYTES: u64 = 1024 * 1024;
+pub(super) const DEFAULT_MAX_INPUT_SIZE: usize = crate::document::DEFAULT_MAX_INPUT_BYTES;
+pub(super) const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+pub(super) const DEFAULT_EVENT_RETENTION_DAYS: u32 = 30;
 /// Connections: well under the usual descriptor limit of 1024, which plugins and the state
 /// store share.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
-pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
-pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_MAX_CONNECTIONS: usize = 512;
+pub(super) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+pub(super) const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub(super) const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -831,7 +831,7 @@ fn parse_listen(text: &str, base: &Path) -> Result<Listen, String> {
 }
 
 /// A duration: a whole number with an optional unit, `ms`, `s` (the default), `m` or `h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())

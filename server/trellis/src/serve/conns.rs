@@ -28,11 +28,11 @@ use tokio_util::sync::PollSemaphore;
 use tonic::codegen::http;
 use tonic::transport::server::Connected;
 
-use super::listen::{Conn, ConnInfo};
+use super::listen::Conn;
 
 /// What [`Limited`] enforces on each connection.
 #[derive(Clone, Copy, Debug)]
-pub struct ConnLimits {
+pub(super) struct ConnLimits {
     pub max_connections: usize,
     /// `None`: idle connections stay open.
     pub idle_timeout: Option<Duration>,
@@ -42,7 +42,7 @@ pub struct ConnLimits {
 
 /// The accepted connections of `inner`, at most `max_connections` open at once, each
 /// [`Tracked`].
-pub struct Limited<S> {
+pub(super) struct Limited<S> {
     inner: S,
     permits: PollSemaphore,
     limits: ConnLimits,
@@ -51,7 +51,7 @@ pub struct Limited<S> {
 }
 
 impl<S> Limited<S> {
-    pub fn new(inner: S, limits: ConnLimits) -> Limited<S> {
+    pub(super) fn new(inner: S, limits: ConnLimits) -> Limited<S> {
         Limited {
             inner,
             permits: PollSemaphore::new(Arc::new(Semaphore::new(limits.max_connections))),
@@ -138,7 +138,7 @@ fn set_tcp_keepalive(stream: &tokio::net::TcpStream, idle: Duration) -> io::Resu
 
 /// Requests in flight on one connection, and since when it has had none.
 #[derive(Debug)]
-pub struct Activity {
+pub(super) struct Activity {
     in_flight: AtomicUsize,
     idle_since: Mutex<Instant>,
 }
@@ -165,7 +165,7 @@ impl Activity {
 
 /// One request in flight; ends when dropped.
 #[derive(Debug)]
-pub struct InFlight(Arc<Activity>);
+pub(super) struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -175,17 +175,16 @@ impl Drop for InFlight {
     }
 }
 
-/// The connect info of a [`Tracked`] connection: the peer, and its [`Activity`] for
-/// [`ActivityLayer`] (tonic puts it in each request's extensions).
+/// The connect info of a [`Tracked`] connection: its [`Activity`] for [`ActivityLayer`] (tonic
+/// puts it in each request's extensions).
 #[derive(Clone, Debug)]
-pub struct TrackedInfo {
-    pub conn: ConnInfo,
+pub(super) struct TrackedInfo {
     pub activity: Arc<Activity>,
 }
 
 /// An accepted connection that holds a place under the limit until it is dropped, and reads
 /// end of file once it has been idle for the idle timeout (the HTTP/2 server then closes it).
-pub struct Tracked {
+pub(super) struct Tracked {
     conn: Conn,
     activity: Arc<Activity>,
     idle: Option<(Duration, Pin<Box<Sleep>>)>,
@@ -227,7 +226,6 @@ impl Connected for Tracked {
 
     fn connect_info(&self) -> TrackedInfo {
         TrackedInfo {
-            conn: self.conn.connect_info(),
             activity: self.activity.clone(),
         }
     }
@@ -285,7 +283,7 @@ impl AsyncWrite for Tracked {
 /// Counts each request as in flight on its connection until its response body ends (or the
 /// call fails, or the client cancels it).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ActivityLayer;
+pub(super) struct ActivityLayer;
 
 impl<S> tower::Layer<S> for ActivityLayer {
     type Service = ActivityService<S>;
@@ -296,9 +294,9 @@ impl<S> tower::Layer<S> for ActivityLayer {
 }
 
 #[derive(Clone, Debug)]
-pub struct ActivityService<S>(S);
+pub(super) struct ActivityService<S>(S);
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub(super) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B, RB> tower::Service<http::Request<B>> for ActivityService<S>
 where
@@ -330,7 +328,7 @@ where
 }
 
 /// A response body that keeps its request counted as in flight until it is dropped.
-pub struct CountedBody<B> {
+pub(super) struct CountedBody<B> {
     inner: B,
     _in_flight: Option<InFlight>,
 }

@@ -2,13 +2,9 @@
 //! `INTERNAL` that tonic's protobuf codec answers (it cannot tell which side it decodes for).
 //!
 //! A decode failure happens before the service is called, so its status is the whole response
-//! (a "trailers-only" response: `grpc-status` in the headers). [`DecodeStatusLayer`] rewrites
+//! (a "trailers-only" response: `grpc-status` in the headers). [`fix_response`] rewrites
 //! exactly those: `INTERNAL` with the message the codec or tonic's framing gives a request it
 //! cannot read. `INTERNAL` from the engine itself is left alone.
-
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use tonic::codegen::http;
 
@@ -20,41 +16,11 @@ const DECODE_ERRORS: [&str; 3] = [
     "Missing request message",
 ];
 
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DecodeStatusLayer;
-
-impl<S> tower::Layer<S> for DecodeStatusLayer {
-    type Service = DecodeStatus<S>;
-
-    fn layer(&self, inner: S) -> DecodeStatus<S> {
-        DecodeStatus(inner)
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct DecodeStatus<S>(S);
-
-impl<S, B, RB> tower::Service<http::Request<B>> for DecodeStatus<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let call = self.0.call(req);
-        Box::pin(async move {
-            let mut response = call.await?;
-            fix_headers(response.headers_mut());
-            Ok(response)
-        })
-    }
+/// Every response through [`fix_headers`]; the server applies it with tower's
+/// `MapResponseLayer`.
+pub(crate) fn fix_response<B>(mut response: http::Response<B>) -> http::Response<B> {
+    fix_headers(response.headers_mut());
+    response
 }
 
 /// `INTERNAL` for an undecodable request becomes `INVALID_ARGUMENT`.

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::transport::server::{Connected, TcpConnectInfo, UdsConnectInfo};
+use tonic::transport::server::Connected;
 
 use super::config::Listen;
 
@@ -104,8 +104,6 @@ fn remove_stale_socket(path: &Path) -> io::Result<()> {
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// Accepted connections of a [`Bound`] socket, for tonic's `serve_with_incoming_shutdown`.
-/// Each connection's [`ConnInfo`] is in the request extensions; tonic's
-/// `Request::remote_addr` does not see it (it looks for `TcpConnectInfo` only).
 pub(super) struct Incoming {
     listener: Bound,
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -152,27 +150,17 @@ fn is_connection_error(e: &io::Error) -> bool {
 
 /// An accepted connection.
 #[derive(Debug)]
-pub enum Conn {
+pub(super) enum Conn {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
 
-/// The peer of a [`Conn`], as tonic's `Connected` reports it.
-#[derive(Clone, Debug)]
-pub enum ConnInfo {
-    Tcp(TcpConnectInfo),
-    Unix(UdsConnectInfo),
-}
-
+/// Nothing about the peer is used (the server wraps connections in `conns::Tracked`, whose
+/// connect info carries what requests need).
 impl Connected for Conn {
-    type ConnectInfo = ConnInfo;
+    type ConnectInfo = ();
 
-    fn connect_info(&self) -> ConnInfo {
-        match self {
-            Conn::Tcp(stream) => ConnInfo::Tcp(stream.connect_info()),
-            Conn::Unix(stream) => ConnInfo::Unix(stream.connect_info()),
-        }
-    }
+    fn connect_info(&self) {}
 }
 
 /// Runs `$body` with `$s` bound to the pinned inner stream of either variant.

@@ -4,13 +4,15 @@
 //! SIGTERM/SIGINT drains: no new mutations, running operations stop at a safe point within the
 //! drain timeout (or are marked interrupted), plugins are stopped, exit 0.
 
-pub mod api;
-pub mod config;
-pub mod conns;
-pub mod decode_status;
+mod api;
+mod config;
+mod conns;
+mod decode_status;
 mod listen;
 mod logging;
 mod trace;
+
+pub(crate) use trace::REQUEST_ID_HEADER;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -32,9 +34,6 @@ const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// A client that connects must finish its TLS handshake within this time.
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The gRPC service name health reports on.
-pub const SERVICE_NAME: &str = "trellis.engine.v1.Engine";
 
 pub fn run(args: ServeArgs) -> ExitCode {
     let config = match args.resolve() {
@@ -187,7 +186,9 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         .http2_keepalive_timeout(Some(conn_settings.http2_keepalive_timeout))
         .layer(trace::TraceLayer)
         .layer(conns::ActivityLayer)
-        .layer(decode_status::DecodeStatusLayer);
+        .layer(tower::util::MapResponseLayer::new(
+            decode_status::fix_response,
+        ));
     if let Some(tls) = tls {
         builder = builder
             .tls_config(

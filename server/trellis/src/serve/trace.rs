@@ -6,15 +6,18 @@
 //! the response's `x-request-id` header. The span covers the handler, not a streaming
 //! response's later messages (a watch outlives its request).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use tonic::codegen::http;
 use tracing::Instrument;
 
+use super::conns::BoxFuture;
+
 pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The engine API's methods (`/trellis.engine.v1.Engine/GetInstance`, …).
+const ENGINE_PATH: &str = "/trellis.engine.v1.Engine/";
 
 /// The longest caller-chosen id kept; a longer one (or one with control characters) is
 /// replaced, so a caller cannot flood or forge log lines through it.
@@ -41,38 +44,38 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.0.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // Health checks and reflection are not engine requests: no span, no id.
+        if !req.uri().path().starts_with(ENGINE_PATH) {
+            return Box::pin(self.0.call(req));
+        }
         let id = request_id(req.headers());
         let span = tracing::info_span!(
             "request",
             method = %req.uri().path(),
-            request_id = %id,
+            request_id = id.to_str().unwrap_or_default(),
         );
         let started = Instant::now();
         let call = span.in_scope(|| self.0.call(req));
         Box::pin(
             async move {
                 let mut response = call.await?;
-                let status = response
-                    .headers()
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("0")
-                    .to_owned();
                 tracing::debug!(
-                    grpc_status = %status,
+                    grpc_status = response
+                        .headers()
+                        .get("grpc-status")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("0"),
                     ms = started.elapsed().as_millis() as u64,
                     "request answered"
                 );
-                if let Ok(value) = http::HeaderValue::from_str(&id) {
-                    response.headers_mut().insert(REQUEST_ID_HEADER, value);
-                }
+                response.headers_mut().insert(REQUEST_ID_HEADER, id);
                 Ok(response)
             }
             .instrument(span),
@@ -80,15 +83,16 @@ where
     }
 }
 
-/// The caller's id when it is short printable ASCII, else a fresh one.
-fn request_id(headers: &http::HeaderMap) -> String {
+/// The caller's id when it is short printable ASCII without spaces, else a fresh one.
+fn request_id(headers: &http::HeaderMap) -> http::HeaderValue {
     headers
         .get(REQUEST_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|id| !id.is_empty() && id.len() <= MAX_ID_LEN)
-        .filter(|id| id.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_owned)
-        .unwrap_or_else(|| trellis_ids::new_id("req"))
+        .filter(|v| !v.is_empty() && v.len() <= MAX_ID_LEN)
+        .filter(|v| v.as_bytes().iter().all(u8::is_ascii_graphic))
+        .cloned()
+        .unwrap_or_else(|| {
+            http::HeaderValue::try_from(trellis_ids::new_id("req")).expect("a new id is ASCII hex")
+        })
 }
 
 #[cfg(test)]
@@ -114,6 +118,21 @@ mod tests {
 
     fn id_of(r: &http::Response<()>) -> String {
         r.headers()[REQUEST_ID_HEADER].to_str().unwrap().to_owned()
+    }
+
+    #[tokio::test]
+    async fn only_engine_requests_are_traced() {
+        let health = http::Request::builder()
+            .uri("/grpc.health.v1.Health/Check")
+            .body(())
+            .unwrap();
+        assert!(
+            answer(health)
+                .await
+                .headers()
+                .get(REQUEST_ID_HEADER)
+                .is_none()
+        );
     }
 
     #[tokio::test]

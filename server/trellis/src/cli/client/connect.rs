@@ -5,7 +5,7 @@ use super::*;
 
 /// Where the engine listens, from `--engine`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EngineAddr {
+pub(super) enum EngineAddr {
     /// An `http://` URI.
     Http(String),
     /// An `https://` URI: TLS, trusting the system's roots and `--ca-cert`.
@@ -16,7 +16,7 @@ pub enum EngineAddr {
 
 /// Parses `http://host:port`, `host:port` (plain HTTP/2), `https://host:port` (TLS) or
 /// `unix:/path`.
-pub fn parse_engine_addr(addr: &str) -> Result<EngineAddr, String> {
+pub(super) fn parse_engine_addr(addr: &str) -> Result<EngineAddr, String> {
     let addr = addr.trim();
     if let Some(path) = addr.strip_prefix("unix:") {
         // `unix:///run/x.sock` (URI style) and `unix:/run/x.sock` mean the same path.
@@ -57,7 +57,7 @@ pub async fn connect(addr: &str) -> Result<EngineClient<Channel>, Failure> {
 
 /// [`connect`], also trusting the CA certificates in `ca_cert` (PEM) for an `https://`
 /// engine. `ca_cert` is not used for the other kinds of address.
-pub async fn connect_with(
+pub(super) async fn connect_with(
     addr: &str,
     ca_cert: Option<&std::path::Path>,
 ) -> Result<EngineClient<Channel>, Failure> {
@@ -168,7 +168,7 @@ pub(crate) fn blueprint_source(path: &str) -> Result<pb::BlueprintSource, Failur
 /// which is how the engine looks them up. Paths with `${..}` or absolute ones
 /// are resolved by the engine on its host; a file that cannot be read is left for the engine
 /// to report where the include is written.
-pub(crate) fn include_files(path: &str, content: &[u8]) -> Result<Vec<pb::SourceFile>, Failure> {
+fn include_files(path: &str, content: &[u8]) -> Result<Vec<pb::SourceFile>, Failure> {
     let mut out: Vec<pb::SourceFile> = Vec::new();
     let root_dir = path
         .rfind('/')
@@ -204,7 +204,7 @@ pub(crate) fn include_files(path: &str, content: &[u8]) -> Result<Vec<pb::Source
 }
 
 /// The include paths of a document that are plain relative text (no `${..}`, no scheme).
-pub(crate) fn literal_includes(name: &str, bytes: Vec<u8>) -> Vec<String> {
+fn literal_includes(name: &str, bytes: Vec<u8>) -> Vec<String> {
     use crate::subst::Part;
     let mut sources = crate::source::SourceMap::new();
     let mut diags = crate::diag::Diagnostics::default();

@@ -38,11 +38,11 @@ const WATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const WATCH_RETRIES: u32 = 8;
 
 mod connect;
-pub mod render;
+mod render;
 mod watch;
 
+pub use connect::connect;
 use connect::*;
-pub use connect::{EngineAddr, connect, connect_with, parse_engine_addr};
 use render::*;
 use watch::*;
 
@@ -433,7 +433,9 @@ async fn plan(
 fn traced<T>(request_id: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     if let Ok(value) = request_id.parse() {
-        request.metadata_mut().insert("x-request-id", value);
+        request
+            .metadata_mut()
+            .insert(crate::serve::REQUEST_ID_HEADER, value);
     }
     request
 }
@@ -603,15 +605,12 @@ fn changed_resources(cs: &pb::ChangeSet) -> usize {
 async fn destroy(client: &mut Client, args: &DestroyArgs) -> Result<u8, Failure> {
     // The engine announces how many resources go in the operation's first event, which sizes
     // the progress line (reading the whole instance for it would cost as much as a plan).
+    let request_id = args.request.resolve();
     let request = pb::DestroyRequest {
-        request_id: args.request.resolve(),
+        request_id: request_id.clone(),
         instance: args.instance.clone(),
     };
-    let op = match client
-        .api
-        .destroy(traced(&request.request_id.clone(), request))
-        .await
-    {
+    let op = match client.api.destroy(traced(&request_id, request)).await {
         Ok(r) => r.into_inner(),
         Err(s) => return Err(client.fail(s)),
     };
@@ -619,17 +618,14 @@ async fn destroy(client: &mut Client, args: &DestroyArgs) -> Result<u8, Failure>
 }
 
 async fn reconcile(client: &mut Client, args: &ReconcileArgs) -> Result<u8, Failure> {
+    let request_id = args.request.resolve();
     let request = pb::ReconcileRequest {
-        request_id: args.request.resolve(),
+        request_id: request_id.clone(),
         instance: args.instance.clone(),
         mode: args.mode.to_pb() as i32,
         resources: args.resources.clone(),
     };
-    let op = match client
-        .api
-        .reconcile(traced(&request.request_id.clone(), request))
-        .await
-    {
+    let op = match client.api.reconcile(traced(&request_id, request)).await {
         Ok(r) => r.into_inner(),
         Err(s) => return Err(client.fail(s)),
     };
@@ -638,13 +634,14 @@ async fn reconcile(client: &mut Client, args: &ReconcileArgs) -> Result<u8, Fail
 }
 
 async fn cancel(client: &mut Client, args: &CancelArgs) -> Result<u8, Failure> {
+    let request_id = args.request.resolve();
     let request = pb::CancelOperationRequest {
-        request_id: args.request.resolve(),
+        request_id: request_id.clone(),
         operation_id: args.operation_id.clone(),
     };
     let op = match client
         .api
-        .cancel_operation(traced(&request.request_id.clone(), request))
+        .cancel_operation(traced(&request_id, request))
         .await
     {
         Ok(r) => r.into_inner(),

@@ -2,10 +2,11 @@
 //! text (`*_text`), pure functions of the API's messages.
 
 use super::*;
+use crate::cli::plural;
 
 /// Drops a proto enum value's prefix: `short("INSTANCE_STATUS_DEPLOYED", "INSTANCE_STATUS")` is
 /// `DEPLOYED`.
-pub fn short<'a>(name: &'a str, prefix: &str) -> &'a str {
+pub(super) fn short<'a>(name: &'a str, prefix: &str) -> &'a str {
     name.strip_prefix(prefix)
         .and_then(|rest| rest.strip_prefix('_'))
         .filter(|rest| !rest.is_empty())
@@ -28,7 +29,7 @@ pub(crate) fn capitalized(word: &str) -> String {
 }
 
 /// Optional text: `null` in JSON when empty.
-pub(crate) fn opt_str(s: &str) -> Json {
+fn opt_str(s: &str) -> Json {
     if s.is_empty() {
         Json::Null
     } else {
@@ -38,7 +39,7 @@ pub(crate) fn opt_str(s: &str) -> Json {
 
 /// A value as JSON, with the markers `trellis eval --format json` uses: a value known only
 /// after deploy is `{"unknown": true}`, a secret `{"sensitive": true}`.
-pub(crate) fn value_json(v: Option<&pv::Value>) -> Json {
+fn value_json(v: Option<&pv::Value>) -> Json {
     use pv::value::Kind;
     let Some(v) = v else { return Json::Null };
     if v.sensitive {
@@ -94,7 +95,7 @@ pub(crate) fn reveal_instance(inst: &mut pb::Instance) {
 // ---- rendering: JSON --------------------------------------------------------------------------
 
 /// `trellis instance --format json`.
-pub fn instance_json(inst: &pb::Instance) -> Json {
+pub(super) fn instance_json(inst: &pb::Instance) -> Json {
     let resources: Map<String, Json> = inst
         .resources
         .iter()
@@ -147,7 +148,7 @@ pub fn instance_json(inst: &pb::Instance) -> Json {
 }
 
 /// `trellis instances --format json`.
-pub fn instances_json(list: &pb::ListInstancesResponse) -> Json {
+pub(super) fn instances_json(list: &pb::ListInstancesResponse) -> Json {
     let items: Vec<Json> = list
         .instances
         .iter()
@@ -163,7 +164,7 @@ pub fn instances_json(list: &pb::ListInstancesResponse) -> Json {
     json!({ "instances": items })
 }
 
-pub(crate) fn field_json(f: &pb::FieldChange) -> Json {
+fn field_json(f: &pb::FieldChange) -> Json {
     let mut o = Map::new();
     o.insert("path".into(), json!(f.path));
     if let Some(v) = &f.previous {
@@ -176,12 +177,12 @@ pub(crate) fn field_json(f: &pb::FieldChange) -> Json {
     Json::Object(o)
 }
 
-pub(crate) fn action_name(action: pb::ChangeAction) -> &'static str {
+fn action_name(action: pb::ChangeAction) -> &'static str {
     short(action.as_str_name(), "CHANGE_ACTION")
 }
 
 /// A diagnostic in the shape `trellis validate --format json` uses.
-pub(crate) fn diagnostic_json(d: &pb::Diagnostic) -> Json {
+fn diagnostic_json(d: &pb::Diagnostic) -> Json {
     let mut v = json!({
         "severity": severity_word(d),
         "code": d.code,
@@ -200,7 +201,7 @@ pub(crate) fn diagnostic_json(d: &pb::Diagnostic) -> Json {
     v
 }
 
-pub(crate) fn severity_word(d: &pb::Diagnostic) -> &'static str {
+fn severity_word(d: &pb::Diagnostic) -> &'static str {
     match d.severity() {
         pb::Severity::Error => "error",
         pb::Severity::Warning => "warning",
@@ -208,7 +209,7 @@ pub(crate) fn severity_word(d: &pb::Diagnostic) -> &'static str {
     }
 }
 
-pub(crate) fn resources_json(resources: &[pb::ResourceChange]) -> Vec<Json> {
+fn resources_json(resources: &[pb::ResourceChange]) -> Vec<Json> {
     resources
         .iter()
         .map(|r| {
@@ -224,7 +225,7 @@ pub(crate) fn resources_json(resources: &[pb::ResourceChange]) -> Vec<Json> {
         .collect()
 }
 
-pub(crate) fn links_json(links: &[pb::LinkChange]) -> Vec<Json> {
+fn links_json(links: &[pb::LinkChange]) -> Vec<Json> {
     links
         .iter()
         .map(|l| {
@@ -238,7 +239,7 @@ pub(crate) fn links_json(links: &[pb::LinkChange]) -> Vec<Json> {
         .collect()
 }
 
-pub(crate) fn exports_json(exports: &[pb::ExportChange]) -> Vec<Json> {
+fn exports_json(exports: &[pb::ExportChange]) -> Vec<Json> {
     exports
         .iter()
         .map(|e| {
@@ -257,7 +258,7 @@ pub(crate) fn exports_json(exports: &[pb::ExportChange]) -> Vec<Json> {
 }
 
 /// One entry of `children` in the `changeSet` object (nested for the child's own children).
-pub(crate) fn child_json(c: &pb::ChildChange) -> Json {
+fn child_json(c: &pb::ChildChange) -> Json {
     json!({
         "name": c.name,
         "instance": c.instance,
@@ -275,7 +276,7 @@ pub(crate) fn child_json(c: &pb::ChildChange) -> Json {
 }
 
 /// The `changeSet` object of `trellis plan/deploy --format json`.
-pub fn change_set_json(cs: &pb::ChangeSet) -> Json {
+pub(super) fn change_set_json(cs: &pb::ChangeSet) -> Json {
     json!({
         "id": cs.id,
         "instance": cs.instance,
@@ -292,7 +293,7 @@ pub fn change_set_json(cs: &pb::ChangeSet) -> Json {
 }
 
 /// The `operation` object of `trellis deploy/destroy/reconcile/cancel --format json`.
-pub fn operation_json(op: &pb::Operation) -> Json {
+pub(super) fn operation_json(op: &pb::Operation) -> Json {
     json!({
         "id": op.id,
         "instance": op.instance,
@@ -304,7 +305,7 @@ pub fn operation_json(op: &pb::Operation) -> Json {
 }
 
 /// One line of `trellis events --format json`.
-pub fn event_json(event: &pb::Event) -> Json {
+pub(super) fn event_json(event: &pb::Event) -> Json {
     json!({
         "seq": event.seq,
         "kind": event.kind,
@@ -335,7 +336,7 @@ pub(crate) fn resource_of(payload: &Json) -> Option<&str> {
 }
 
 /// `trellis drift --format json`.
-pub fn drift_json(report: &pb::DriftReport) -> Json {
+pub(super) fn drift_json(report: &pb::DriftReport) -> Json {
     let resources: Vec<Json> = report
         .resources
         .iter()
@@ -363,13 +364,13 @@ pub(crate) const UNKNOWN_TEXT: &str = crate::eval::render::UNKNOWN_TEXT;
 pub(crate) const SENSITIVE_TEXT: &str = crate::eval::render::SENSITIVE_TEXT;
 
 /// A value on one line: JSON-like, with `(known after deploy)` and `(sensitive)` in place.
-pub fn value_text(v: &pv::Value) -> String {
+pub(super) fn value_text(v: &pv::Value) -> String {
     let mut out = String::new();
     write_value(v, &mut out);
     out
 }
 
-pub(crate) fn write_value(v: &pv::Value, out: &mut String) {
+fn write_value(v: &pv::Value, out: &mut String) {
     if v.sensitive {
         out.push_str(SENSITIVE_TEXT);
         return;
@@ -411,7 +412,7 @@ pub(crate) fn write_value(v: &pv::Value, out: &mut String) {
 
 /// `path: old → new`; `forcing` marks the fields that force a recreate (only meaningful when
 /// the resource is recreated: the engine flags immutable fields on creates too).
-pub(crate) fn field_text(f: &pb::FieldChange, forcing: bool) -> String {
+fn field_text(f: &pb::FieldChange, forcing: bool) -> String {
     let mut line = format!("{}: ", f.path);
     match (&f.previous, &f.new) {
         (Some(old), Some(new)) => {
@@ -427,7 +428,7 @@ pub(crate) fn field_text(f: &pb::FieldChange, forcing: bool) -> String {
     line
 }
 
-pub(crate) fn action_sign(action: pb::ChangeAction) -> &'static str {
+fn action_sign(action: pb::ChangeAction) -> &'static str {
     match action {
         pb::ChangeAction::Create => "+",
         pb::ChangeAction::Update => "~",
@@ -438,7 +439,7 @@ pub(crate) fn action_sign(action: pb::ChangeAction) -> &'static str {
 }
 
 /// The engine found the blueprint invalid: nothing was planned, `diagnostics` say why.
-pub fn is_invalid(cs: &pb::ChangeSet) -> bool {
+pub(super) fn is_invalid(cs: &pb::ChangeSet) -> bool {
     cs.status() == pb::ChangeSetStatus::Invalid
 }
 
@@ -461,7 +462,7 @@ pub(crate) fn sent_files(source: &pb::BlueprintSource) -> Vec<(String, Vec<u8>)>
 
 /// An invalid blueprint, as `trellis validate` shows one: every diagnostic (with its source
 /// line when it is in a document this command sent), then a summary line.
-pub fn invalid_plan_text(cs: &pb::ChangeSet, sent: &[(String, Vec<u8>)]) -> String {
+pub(super) fn invalid_plan_text(cs: &pb::ChangeSet, sent: &[(String, Vec<u8>)]) -> String {
     let mut sources = crate::source::SourceMap::new();
     let files: Vec<(&str, crate::source::FileId)> = sent
         .iter()
@@ -499,7 +500,7 @@ pub fn invalid_plan_text(cs: &pb::ChangeSet, sent: &[(String, Vec<u8>)]) -> Stri
 
 /// `d` as a diagnostic spanning its lines and columns in `file`, to render with its source
 /// line; `None` when its code or location does not fit.
-pub(crate) fn located_diagnostic(
+fn located_diagnostic(
     d: &pb::Diagnostic,
     file: crate::source::FileId,
     sources: &crate::source::SourceMap,
@@ -542,7 +543,7 @@ pub(crate) fn text_offset(text: &str, line: u32, column: u32) -> Option<usize> {
     Some(start + within)
 }
 
-pub(crate) fn diagnostic_text(d: &pb::Diagnostic) -> String {
+fn diagnostic_text(d: &pb::Diagnostic) -> String {
     let mut text = if d.code.is_empty() {
         format!("{}: {}\n", severity_word(d), d.message)
     } else {
@@ -561,7 +562,7 @@ pub(crate) fn diagnostic_text(d: &pb::Diagnostic) -> String {
 
 /// Resource blocks (those that change), then link and export changes, as `trellis plan`
 /// shows them; returns the resource counts (create, update, recreate, delete, unchanged).
-pub(crate) fn changes_text(
+fn changes_text(
     resources: &[pb::ResourceChange],
     links: &[pb::LinkChange],
     exports: &[pb::ExportChange],
@@ -638,7 +639,7 @@ pub(crate) fn changes_text(
 
 /// Children that change, each with its own changes indented under it; unchanged children are
 /// only counted. Returns the counts (create, update, delete, unchanged).
-pub(crate) fn children_text(children: &[pb::ChildChange], out: &mut String) -> [usize; 4] {
+fn children_text(children: &[pb::ChildChange], out: &mut String) -> [usize; 4] {
     use pb::ChangeAction as A;
     let mut counts = [0usize; 4];
     for c in children {
@@ -697,7 +698,7 @@ pub(crate) fn children_text(children: &[pb::ChildChange], out: &mut String) -> [
 
 /// The human change set: one block per resource that changes, exports, children, diagnostics,
 /// the summary and (with `hint`) the command that deploys it.
-pub fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
+pub(super) fn plan_text(cs: &pb::ChangeSet, hint: bool) -> String {
     let mut out = format!(
         "Change set {} for instance {} (planned against version {})\n",
         cs.id, cs.instance, cs.planned_version
@@ -786,7 +787,7 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// `trellis instances`.
-pub fn instances_text(list: &pb::ListInstancesResponse) -> String {
+pub(super) fn instances_text(list: &pb::ListInstancesResponse) -> String {
     if list.instances.is_empty() {
         return "No instances.\n".to_owned();
     }
@@ -806,7 +807,7 @@ pub fn instances_text(list: &pb::ListInstancesResponse) -> String {
 }
 
 /// `trellis instance NAME`: status, resources, failures, exports.
-pub fn instance_text(inst: &pb::Instance) -> String {
+pub(super) fn instance_text(inst: &pb::Instance) -> String {
     let mut out = format!(
         "Instance {} ({})\nStatus:  {}\nVersion: {}\n",
         inst.name,
@@ -852,7 +853,7 @@ pub fn instance_text(inst: &pb::Instance) -> String {
 }
 
 /// `trellis drift`.
-pub fn drift_text(report: &pb::DriftReport) -> String {
+pub(super) fn drift_text(report: &pb::DriftReport) -> String {
     let mut out = if report.drifted {
         let n = report.resources.len();
         format!(
@@ -899,7 +900,7 @@ pub fn drift_text(report: &pb::DriftReport) -> String {
 
 /// One event as a line: `resource.created  config  (local/file)`, with the status or reason
 /// when the payload has one.
-pub fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> String {
+pub(super) fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> String {
     let payload = payload(event);
     let mut line = event.kind.clone();
     if let Some(resource) = resource_of(&payload) {
@@ -931,7 +932,7 @@ pub fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> String 
 }
 
 /// `trellis cancel`: what the engine answered.
-pub fn cancel_text(op: &pb::Operation) -> String {
+pub(super) fn cancel_text(op: &pb::Operation) -> String {
     let what = format!("operation {} ({} of {})", op.id, kind_word(op), op.instance);
     let status = short(op.status().as_str_name(), "OPERATION_STATUS");
     if is_terminal(op.status()) {
@@ -942,7 +943,7 @@ pub fn cancel_text(op: &pb::Operation) -> String {
 }
 
 /// `trellis deploy/destroy/reconcile`: the final status.
-pub fn operation_text(op: &pb::Operation, watched: Duration) -> String {
+pub(super) fn operation_text(op: &pb::Operation, watched: Duration) -> String {
     let took = if op.created_at_unix_ms > 0 && op.finished_at_unix_ms >= op.created_at_unix_ms {
         Duration::from_millis((op.finished_at_unix_ms - op.created_at_unix_ms) as u64)
     } else {
@@ -975,10 +976,6 @@ pub fn operation_text(op: &pb::Operation, watched: Duration) -> String {
         ));
     }
     out
-}
-
-pub(crate) fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }
 
 /// `mm:ss`, or `h:mm:ss` past an hour.

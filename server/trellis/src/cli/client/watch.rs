@@ -153,7 +153,7 @@ pub(crate) fn interrupted(target: &WatchTarget) -> Result<Option<pb::Event>, Fai
     }
 }
 
-pub(crate) async fn operation_ended(client: &mut Client, id: &str) -> Result<bool, Failure> {
+async fn operation_ended(client: &mut Client, id: &str) -> Result<bool, Failure> {
     let request = pb::GetOperationRequest {
         operation_id: id.to_owned(),
     };
@@ -166,7 +166,7 @@ pub(crate) async fn operation_ended(client: &mut Client, id: &str) -> Result<boo
 }
 
 /// The event after which an operation's stream ends.
-pub(crate) fn is_last_event(kind: &str) -> bool {
+fn is_last_event(kind: &str) -> bool {
     matches!(kind, "operation.finished" | "operation.interrupted")
 }
 
@@ -239,7 +239,7 @@ impl EventNames {
 
 /// Where a resource event leaves its resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Phase {
+enum Phase {
     Started,
     Done,
     Failed,
@@ -248,7 +248,7 @@ pub(crate) enum Phase {
 /// Classifies `resource.*` event kinds by their verb (docs/engine-api.md lists them), so new
 /// kinds count without a list to keep in sync with the engine: `*_requested` starts a resource;
 /// `created`, `accepted`, `forgotten`... finish it.
-pub(crate) fn resource_phase(kind: &str) -> Option<Phase> {
+fn resource_phase(kind: &str) -> Option<Phase> {
     let verb = kind.strip_prefix("resource.")?;
     if verb.contains("fail") {
         Some(Phase::Failed)
@@ -378,7 +378,7 @@ impl LiveDisplay {
         }
     }
 
-    pub(crate) fn draw(&mut self, err: &mut impl Write) {
+    fn draw(&mut self, err: &mut impl Write) {
         // A line longer than the terminal wraps, and `\r` would then redraw only its tail.
         let line: String = self
             .progress
