@@ -15,6 +15,8 @@ use crate::diff::{FieldChange, Shown};
 use crate::links::PlannedLink;
 use crate::plan::{Action, ChildPlan, Plan, PlannedExport, PlannedResource};
 use crate::prepare::Inputs;
+use crate::settings::Environment;
+use indexmap::IndexMap;
 
 /// The version this engine writes, and the newest it reads.
 pub const BODY_VERSION: u64 = 1;
@@ -194,6 +196,10 @@ struct StoredInputs {
     now_unix_nanos: i128,
     #[serde(default)]
     include_chain: Vec<String>,
+    #[serde(default, skip_serializing_if = "Environment::is_empty")]
+    environment: Environment,
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    engine_injectors: IndexMap<String, Json>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -234,6 +240,8 @@ struct StoredField {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     new: Option<StoredShown>,
     must_recreate: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    origin: Option<String>,
 }
 
 /// `{"value": v}`, `{"unknown": true}` or `{"sensitive": true}`.
@@ -388,6 +396,8 @@ impl From<&Inputs> for StoredInputs {
             variables: i.variables.clone(),
             now_unix_nanos: i.now_unix_nanos,
             include_chain: i.include_chain.clone(),
+            environment: i.environment.clone(),
+            engine_injectors: i.engine_injectors.clone(),
         }
     }
 }
@@ -403,6 +413,8 @@ impl From<StoredInputs> for Inputs {
             variables: i.variables,
             now_unix_nanos: i.now_unix_nanos,
             include_chain: i.include_chain,
+            environment: i.environment,
+            engine_injectors: i.engine_injectors,
         }
     }
 }
@@ -440,6 +452,7 @@ impl From<&FieldChange> for StoredField {
             previous: f.previous.clone().map(StoredShown),
             new: f.new.clone().map(StoredShown),
             must_recreate: f.must_recreate,
+            origin: f.origin.clone(),
         }
     }
 }
@@ -451,6 +464,7 @@ impl From<StoredField> for FieldChange {
             previous: f.previous.map(|s| s.0),
             new: f.new.map(|s| s.0),
             must_recreate: f.must_recreate,
+            origin: f.origin,
         }
     }
 }

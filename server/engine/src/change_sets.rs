@@ -81,6 +81,8 @@ struct ChildInputs<'a> {
     declared: Vec<crate::blueprint::Variable>,
     chain: Vec<String>,
     now: i128,
+    /// The parent's environment and engine injectors: a child is planned with them.
+    settings: (&'a settings::Environment, &'a IndexMap<String, Json>),
 }
 
 /// A child whose changes are worked out only at deploy.
@@ -133,6 +135,7 @@ fn empty_state(name: &str) -> InstanceState {
             lease: None,
             created_at: t,
             updated_at: t,
+            environment: Json::Null,
         },
         resources: Vec::new(),
         links: Vec::new(),
@@ -177,18 +180,28 @@ impl Engine {
         instance: &str,
         source: Source,
         variables: Vec<(String, String)>,
+        environment: settings::Environment,
     ) -> Result<ChangeSetView> {
         if let Some(why) = names::instance_name_problem(instance) {
             return Err(EngineError::InvalidArgument(why));
         }
+        let injectors = self.config.settings.injectors.clone();
         if request_id.is_empty() {
             return self
-                .create_change_set_in(instance, source, variables, Vec::new(), None, None)
+                .create_change_set_in(
+                    instance,
+                    source,
+                    variables,
+                    (environment, injectors),
+                    Vec::new(),
+                    None,
+                    None,
+                )
                 .await;
         }
         let key = RequestKey {
             id: request_id.to_owned(),
-            digest: plan_request_digest(instance, &source, &variables),
+            digest: plan_request_digest(instance, &source, &variables, &environment),
         };
         // Identical requests arriving together take turns: the second finds the first's
         // change set instead of planning again. Keyed apart from operations' ids.
@@ -198,17 +211,27 @@ impl Engine {
             let inst = self.store.get_instance(&cs.instance_id).await?;
             return Ok(view(cs, inst.name));
         }
-        self.create_change_set_in(instance, source, variables, Vec::new(), None, Some(key))
-            .await
+        self.create_change_set_in(
+            instance,
+            source,
+            variables,
+            (environment, injectors),
+            Vec::new(),
+            None,
+            Some(key),
+        )
+        .await
     }
 
     /// [`Engine::create_change_set`] for a child blueprint included by `include_chain`, on its
     /// parent's clock (`now`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn create_change_set_in(
         self: &Arc<Self>,
         instance: &str,
         source: Source,
         variables: Vec<(String, String)>,
+        (environment, engine_injectors): (settings::Environment, IndexMap<String, Json>),
         include_chain: Vec<String>,
         now: Option<i128>,
         request: Option<RequestKey>,
@@ -224,6 +247,8 @@ impl Engine {
             variables,
             now_unix_nanos: now.unwrap_or_else(now_nanos),
             include_chain,
+            environment,
+            engine_injectors,
         };
         // A new instance is planned from empty state and recorded only with its first change
         // set: a blueprint that fails to plan leaves no instance behind.
@@ -243,6 +268,10 @@ impl Engine {
                 let failed = |error: PlanFailure| Planned {
                     error: Some(error),
                     ..Planned::default()
+                };
+                let plugins = &match engine.request_plugins(&planned_inputs.environment, plugins) {
+                    Ok(p) => p,
+                    Err(e) => return failed(e.to_string().into()),
                 };
                 let mut prepared = prepare::prepare(&planned_inputs, max, plugins, &cwd);
                 if prepared.diags.has_errors() {
@@ -428,6 +457,7 @@ impl Engine {
                 unknown: at.unknown,
                 chain: chain.clone(),
                 now: inputs.now_unix_nanos,
+                settings: (&inputs.environment, &inputs.engine_injectors),
             };
             let found = out.files.len();
             let planned = self.plan_child(child, &files, &state, plugins, &mut out.files)?;
@@ -485,6 +515,7 @@ impl Engine {
             declared,
             chain,
             now,
+            settings,
         } = child;
         let max = self.config.request_limits();
         variables.extend(plan::placeholder_variables(&declared, &unknown));
@@ -501,6 +532,8 @@ impl Engine {
             variables,
             now_unix_nanos: now,
             include_chain: chain,
+            environment: settings.0.clone(),
+            engine_injectors: settings.1.clone(),
         };
         let cwd = self.config.cwd.display().to_string();
         let mut prepared = prepare::prepare(&inputs, max, plugins, &cwd);

@@ -5,8 +5,10 @@
 
 use crate::diag::Diagnostics;
 use crate::document::{self, Format};
+use crate::inject::{Injected, InjectorScope};
 use crate::plugin_checks::{self, PluginAccess};
 use crate::plugins::{CallOptions, PluginError, PluginHost};
+use crate::settings::ProviderConfigs;
 use crate::source::{SourceMap, Span};
 use crate::transform::{self, Transforms};
 use crate::validate::providers::Manifests;
@@ -27,6 +29,8 @@ pub struct PluginContext<'a> {
     /// time (the digest is checked), and a second round of calls would sit on the critical
     /// path of every deploy.
     pub ask_providers: bool,
+    /// The provider config every call of this request or run is sent, by namespace.
+    pub configs: ProviderConfigs,
 }
 
 impl<'a> PluginContext<'a> {
@@ -46,6 +50,26 @@ impl<'a> PluginContext<'a> {
             rt,
             manifests: Manifests::with_unavailable(ok, unavailable),
             ask_providers: true,
+            configs: ProviderConfigs::default(),
+        }
+    }
+
+    /// The same plugin knowledge, for calls sent with `configs`.
+    pub fn with_configs(&self, configs: ProviderConfigs) -> PluginContext<'a> {
+        PluginContext {
+            host: self.host,
+            rt: self.rt.clone(),
+            manifests: self.manifests.clone(),
+            ask_providers: self.ask_providers,
+            configs,
+        }
+    }
+
+    /// The options of a call to plugin `name`: its provider config.
+    fn options(&self, name: &str) -> CallOptions {
+        CallOptions {
+            provider_config: self.configs.get(name),
+            ..CallOptions::default()
         }
     }
 }
@@ -71,7 +95,7 @@ impl PluginAccess for PluginContext<'_> {
         };
         let resp = self
             .rt
-            .block_on(client.validate_resource(req, &CallOptions::default()))
+            .block_on(client.validate_resource(req, &self.options(ns)))
             .map_err(message)?;
         Ok(resp.diagnostics)
     }
@@ -93,7 +117,7 @@ impl PluginAccess for PluginContext<'_> {
                 spec: Some(spec),
             };
             client
-                .validate_resource(req, &CallOptions::default())
+                .validate_resource(req, &self.options(ns))
                 .await
                 .map(|r| r.diagnostics)
                 .map_err(message)
@@ -110,7 +134,7 @@ impl PluginAccess for PluginContext<'_> {
         let client = self.host.provider(ns).map_err(message)?;
         let resp = self
             .rt
-            .block_on(client.custom_variable_options(variable_type, &CallOptions::default()))
+            .block_on(client.custom_variable_options(variable_type, &self.options(ns)))
             .map_err(message)?;
         if let Some(e) = resp.error {
             return Err(format!("provider `{ns}`: {}", e.message));
@@ -140,7 +164,7 @@ impl crate::eval::expr::ExternalFunctions for PluginContext<'_> {
         }
         let result = self.host.provider(ns).map_err(message).and_then(|client| {
             self.rt
-                .block_on(client.call_function(name, pb_args, &CallOptions::default()))
+                .block_on(client.call_function(name, pb_args, &self.options(ns)))
                 .map_err(message)
         });
         Some(result.map(|v| crate::plugins::values::to_eval(&v)))
@@ -169,7 +193,7 @@ impl crate::eval::blueprint::DataSourceFetcher for PluginContext<'_> {
         };
         let resp = self
             .rt
-            .block_on(client.fetch_data_source(req, &CallOptions::default()))
+            .block_on(client.fetch_data_source(req, &self.options(ns)))
             .map_err(message)?;
         if let Some(e) = resp.error {
             return Err(format!("provider `{ns}`: {}", e.message));
@@ -190,17 +214,27 @@ impl Transforms for PluginContext<'_> {
     ) -> Result<pb::TransformResponse, String> {
         let client = self.host.transformer(name).map_err(message)?;
         self.rt
-            .block_on(client.transform(blueprint_json, &CallOptions::default()))
+            .block_on(client.transform(blueprint_json, &self.options(name)))
             .map_err(message)
     }
 }
 
+/// What a request adds to a blueprint before it is validated: property injectors (nearest
+/// scope first) and the variables whose values it marked secret.
+#[derive(Clone, Copy, Default)]
+pub struct Additions<'a> {
+    pub injectors: &'a [InjectorScope],
+    pub secret_variables: &'a [String],
+}
+
 /// Validates one file with plugins; diagnostics are appended sorted.
+#[allow(clippy::too_many_arguments)]
 pub fn validate_source(
     sources: &mut SourceMap,
     name: &str,
     bytes: Vec<u8>,
     variables: &[(String, String)],
+    additions: Additions<'_>,
     max_input_size: usize,
     plugins: &PluginContext<'_>,
     diags: &mut Diagnostics,
@@ -210,6 +244,7 @@ pub fn validate_source(
         name,
         bytes,
         variables,
+        additions,
         max_input_size,
         plugins,
         diags,
@@ -222,15 +257,19 @@ pub struct Checked {
     pub file: crate::source::FileId,
     pub blueprint: crate::blueprint::Blueprint,
     pub graph: crate::validate::refs::Graph,
+    /// The spec fields property injectors set.
+    pub injected: Vec<Injected>,
 }
 
 /// [`validate_source`], also returning what was validated (`None` when the file could not be
 /// read or parsed). Check `diags` for errors before using it.
+#[allow(clippy::too_many_arguments)]
 pub fn check_source(
     sources: &mut SourceMap,
     name: &str,
     bytes: Vec<u8>,
     variables: &[(String, String)],
+    additions: Additions<'_>,
     max_input_size: usize,
     plugins: &PluginContext<'_>,
     diags: &mut Diagnostics,
@@ -263,10 +302,20 @@ pub fn check_source(
             }
         }
     };
-    let (vfile, vroot) = match &transformed {
+    let (vfile, mut vroot) = match &transformed {
         Some(t) => (t.file, &t.root),
         None => (file, &root),
     };
+    // Injected defaults become part of the document, so they are validated like written
+    // values and diagnostics about them point into the injectors' own source.
+    let with_defaults;
+    let mut injected = Vec::new();
+    if !additions.injectors.is_empty() {
+        let mut doc = vroot.clone();
+        injected = crate::inject::inject(sources, &mut doc, additions.injectors);
+        with_defaults = doc;
+        vroot = &with_defaults;
+    }
     let functions = plugins.manifests.functions();
     let opts = Options {
         functions: &functions,
@@ -274,7 +323,13 @@ pub fn check_source(
         variables,
     };
     let src = sources.get(vfile);
-    let bp = crate::blueprint::load(vroot, src, vfile, &mut local);
+    let mut bp = crate::blueprint::load(vroot, src, vfile, &mut local);
+    // A value the caller marked secret is treated as declared `secret: true`.
+    for v in &mut bp.variables {
+        if additions.secret_variables.contains(&v.name.value) {
+            v.secret = true;
+        }
+    }
     let graph = validate::validate(&bp, src, &opts, &mut local);
     // Plugins are asked even when static checks failed, so one run reports
     // everything; only types a provider declares are sent.
@@ -292,6 +347,7 @@ pub fn check_source(
         file: vfile,
         blueprint: bp,
         graph,
+        injected,
     })
 }
 

@@ -212,6 +212,7 @@ impl Engine {
                         instance,
                         source,
                         inputs.variables.clone(),
+                        (inputs.environment.clone(), inputs.engine_injectors.clone()),
                         inputs.include_chain.clone(),
                         Some(inputs.now_unix_nanos),
                         None,
@@ -352,6 +353,7 @@ impl Engine {
                 &instance,
                 source,
                 variables,
+                (inputs.environment.clone(), inputs.engine_injectors.clone()),
                 chain.clone(),
                 inputs.now_unix_nanos,
                 rollback,
@@ -420,13 +422,22 @@ impl Engine {
         instance: &str,
         source: Source,
         variables: Vec<(String, String)>,
+        settings: (settings::Environment, IndexMap<String, Json>),
         chain: Vec<String>,
         now: i128,
         rollback: bool,
     ) -> std::result::Result<ChildRun, String> {
         let what = |e: EngineError| format!("child `{instance}`: {e}");
         let cs = self
-            .create_change_set_in(instance, source, variables, chain, Some(now), None)
+            .create_change_set_in(
+                instance,
+                source,
+                variables,
+                settings,
+                chain,
+                Some(now),
+                None,
+            )
             .await
             .map_err(what)?;
         let request = format!("{}:{instance}", ctx.operation.id);

@@ -46,6 +46,9 @@ pub struct FieldChange {
     /// The change replaces the resource (delete and create) instead of
     /// updating it.
     pub must_recreate: bool,
+    /// Where a value the blueprint does not write came from: `environment` or `engine` (a
+    /// property injector); `None` for what the blueprint writes.
+    pub origin: Option<String>,
 }
 
 /// Paths whose change forces a recreate.
@@ -259,6 +262,7 @@ impl Differ<'_> {
             previous: None,
             new: Some(show(new, masked)),
             must_recreate,
+            origin: None,
         });
     }
 
@@ -270,6 +274,7 @@ impl Differ<'_> {
             previous: Some(self.recorded(previous)),
             new: None,
             must_recreate,
+            origin: None,
         });
     }
 
@@ -288,6 +293,7 @@ impl Differ<'_> {
             previous: Some(previous),
             new: Some(new),
             must_recreate,
+            origin: None,
         });
     }
 }
@@ -517,6 +523,15 @@ fn plain_len(s: &str) -> usize {
         .count()
 }
 
+/// The path of a spec field reached by `keys`, as [`FieldChange::path`] writes it.
+pub fn spec_path(keys: &[String]) -> String {
+    let mut path = "spec".to_owned();
+    for k in keys {
+        push_key(&mut path, k);
+    }
+    path
+}
+
 /// Appends `.key`, or `["key"]` (JSON-quoted) when the key is not plain.
 fn push_key(path: &mut String, key: &str) {
     if is_plain_key(key) {
@@ -617,6 +632,7 @@ mod tests {
             previous,
             new,
             must_recreate: false,
+            origin: None,
         }
     }
 

@@ -24,6 +24,7 @@ use super::prepare::Prepared;
 use super::provision::{Applied, Failure, LinkCall, LinkUpdate, Provisioner, Target};
 use super::state_values;
 use crate::check::PluginContext;
+use crate::settings::ProviderConfigs;
 use crate::state::{
     Change, Committed, InstanceState, Lease, NewEvent, Operation, Resource, StateError, StateStore,
 };
@@ -40,6 +41,9 @@ pub struct RunContext {
     pub rt: Handle,
     /// The per-resource locks of link calls (see [`LinkLocks`]).
     pub link_locks: LinkLocks,
+    /// The provider config of the run, set once by the operation before any provider call
+    /// (a deploy's from its change set, a destroy's from the instance's record).
+    pub configs: std::sync::OnceLock<ProviderConfigs>,
 }
 
 /// How a run ended.
@@ -54,6 +58,12 @@ pub enum Outcome {
 }
 
 impl RunContext {
+    /// The run's provider config (none set: the engine's defaults are not applied either, so
+    /// every run sets it first).
+    pub fn configs(&self) -> ProviderConfigs {
+        self.configs.get().cloned().unwrap_or_default()
+    }
+
     fn lease(&self) -> Lease {
         self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -97,25 +107,19 @@ impl RunContext {
     }
 }
 
-fn target(instance_id: &str, r: &Resource) -> Target {
-    Target {
-        instance_id: instance_id.to_owned(),
-        name: r.name.clone(),
-        resource_type: r.resource_type.clone(),
-        external_id: r.external_id.clone(),
-        current_spec: Some(r.spec.clone()),
-        current_state: r.state.clone(),
-    }
+fn target(ctx: &RunContext, r: &Resource) -> Target {
+    target_of(&ctx.operation.instance_id, &ctx.configs(), r)
 }
 
-fn new_target(instance_id: &str, name: &str, ty: &str) -> Target {
+fn new_target(ctx: &RunContext, name: &str, ty: &str) -> Target {
     Target {
-        instance_id: instance_id.to_owned(),
+        instance_id: ctx.operation.instance_id.clone(),
         name: name.to_owned(),
         resource_type: ty.to_owned(),
         external_id: None,
         current_spec: None,
         current_state: None,
+        configs: ctx.configs(),
     }
 }
 
@@ -619,7 +623,6 @@ fn intent(job: &Apply) -> (Change, NewEvent) {
 
 /// The provider call of a job whose intent is recorded: what a create or update applied.
 async fn call(ctx: &RunContext, job: &Apply) -> Result<Option<Applied>, Failure> {
-    let inst = &ctx.operation.instance_id;
     let p = &ctx.provisioner;
     match job {
         Apply::Create {
@@ -629,17 +632,17 @@ async fn call(ctx: &RunContext, job: &Apply) -> Result<Option<Applied>, Failure>
             key,
             ..
         } => p
-            .apply(&new_target(inst, name, ty), state_values::to_pb(spec), key)
+            .apply(&new_target(ctx, name, ty), state_values::to_pb(spec), key)
             .await
             .map(Some),
         Apply::Update {
             current, spec, key, ..
         } => p
-            .apply(&target(inst, current), state_values::to_pb(spec), key)
+            .apply(&target(ctx, current), state_values::to_pb(spec), key)
             .await
             .map(Some),
         Apply::Destroy { current, key } => {
-            p.destroy(&target(inst, current), key).await.map(|()| None)
+            p.destroy(&target(ctx, current), key).await.map(|()| None)
         }
     }
 }
@@ -1425,8 +1428,16 @@ pub fn spawn_heartbeat(
 }
 
 /// The provider's view of a recorded resource.
-pub fn target_of(instance_id: &str, r: &Resource) -> Target {
-    target(instance_id, r)
+pub fn target_of(instance_id: &str, configs: &ProviderConfigs, r: &Resource) -> Target {
+    Target {
+        instance_id: instance_id.to_owned(),
+        name: r.name.clone(),
+        resource_type: r.resource_type.clone(),
+        external_id: r.external_id.clone(),
+        current_spec: Some(r.spec.clone()),
+        current_state: r.state.clone(),
+        configs: configs.clone(),
+    }
 }
 
 /// Settles one resource: a provider call left unfinished (after a crash) is made again with
@@ -1439,7 +1450,6 @@ async fn reconcile_one(
     checker: &super::drift::Checker,
 ) -> Result<(), String> {
     use crate::state::ResourceStatus as S;
-    let inst = ctx.operation.instance_id.clone();
     let fail = |e: StateError| ctx.store_error(&e);
     let recreate = |ctx: &Arc<RunContext>| {
         let r = r.clone();
@@ -1461,7 +1471,7 @@ async fn reconcile_one(
             // resource's name and spec, as its idempotent create would find it.
             let asked = Target {
                 external_id: Some(r.external_id.clone().unwrap_or_default()),
-                ..target(&inst, r)
+                ..target(ctx, r)
             };
             let observed = ctx.provisioner.read(&asked).await.map_err(|f| f.message)?;
             let unsettled = r.status == S::CreateRequested;
@@ -1534,7 +1544,7 @@ async fn reconcile_one(
         S::UpdateRequested | S::UpdateFailed | S::Created | S::Updated => {
             let observed = ctx
                 .provisioner
-                .read(&target(&inst, r))
+                .read(&target(ctx, r))
                 .await
                 .map_err(|f| f.message)?;
             match observed {
@@ -1765,8 +1775,8 @@ pub async fn apply_link(
     let call = LinkCall {
         provider: provider.to_owned(),
         link_type: link_type.to_owned(),
-        a: target(&inst, ra),
-        b: target(&inst, rb),
+        a: target(ctx, ra),
+        b: target(ctx, rb),
         annotations_a: annotations(&ra.metadata),
         annotations_b: annotations(&rb.metadata),
         link_data: existing.map_or(Json::Null, |l| l.data.clone()),

@@ -28,6 +28,7 @@ pub(crate) fn plan_request_digest(
     instance: &str,
     source: &Source,
     variables: &[(String, String)],
+    environment: &crate::settings::Environment,
 ) -> String {
     let mut parts: Vec<&[u8]> = vec![b"plan", instance.as_bytes()];
     let count;
@@ -51,6 +52,10 @@ pub(crate) fn plan_request_digest(
     }
     for (k, v) in variables {
         parts.extend([k.as_bytes(), v.as_bytes()]);
+    }
+    let environment = (!environment.is_empty()).then(|| environment.to_json().to_string());
+    if let Some(e) = &environment {
+        parts.extend([b"environment".as_slice(), e.as_bytes()]);
     }
     trellis_ids::digest(&parts)
 }

@@ -27,6 +27,7 @@ pub mod prepare;
 pub mod provision;
 mod recovery;
 pub mod remote;
+pub mod settings;
 pub mod state_values;
 pub mod tls;
 
@@ -38,14 +39,15 @@ use trellis_host as plugins;
 #[cfg(test)]
 use trellis_lang::test_dir;
 use trellis_lang::{
-    blueprint, datasource, diag, document, eval, plugin_checks, redact, source, subst, transform,
-    validate,
+    blueprint, datasource, diag, document, eval, inject, plugin_checks, redact, source, subst,
+    transform, validate,
 };
 use trellis_state as state;
 
 use std::collections::HashMap;
 
 use dashmap::DashMap;
+use indexmap::IndexMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,6 +96,8 @@ pub struct EngineConfig {
     pub remote_includes: remote::RemoteIncludes,
     /// The working directory `cwd()` returns in blueprints.
     pub cwd: PathBuf,
+    /// Provider configuration and property injectors from the engine's config file.
+    pub settings: settings::EngineSettings,
 }
 
 /// An engine call's failure, mapped to a gRPC status by the API layer.
@@ -302,10 +306,17 @@ impl Engine {
         self: &Arc<Self>,
         source: Source,
         variables: Vec<(String, String)>,
+        environment: settings::Environment,
     ) -> Result<Vec<Json>> {
         let files = self.read_source(source)?;
         let max = self.config.max_input_size;
-        self.with_plugins(move |_, plugins| {
+        self.with_plugins(move |engine, plugins| {
+            let plugins = engine.request_plugins(&environment, plugins)?;
+            let scopes = settings::injector_scopes(&engine.config.settings, &environment);
+            let additions = check::Additions {
+                injectors: &scopes,
+                secret_variables: &environment.secret_variables,
+            };
             let mut sources = crate::source::SourceMap::new();
             let mut diags = crate::diag::Diagnostics::default();
             let (name, bytes) = files.into_iter().next().unwrap_or_default();
@@ -314,17 +325,76 @@ impl Engine {
                 &name,
                 bytes,
                 &variables,
+                additions,
                 max,
-                plugins,
+                &plugins,
                 &mut diags,
             );
-            diags
+            Ok(diags
                 .items
                 .iter()
                 .map(|d| crate::diag::render_json_value(d, &sources))
-                .collect()
+                .collect())
         })
-        .await
+        .await?
+    }
+
+    /// The plugin context of a request with `environment`: the engine's provider config with
+    /// the environment's merged over it, checked against the providers' config schemas and by
+    /// each provider the environment configures (ValidateConfig).
+    fn request_plugins<'a>(
+        &self,
+        environment: &settings::Environment,
+        plugins: &PluginContext<'a>,
+    ) -> Result<PluginContext<'a>> {
+        let invalid = EngineError::InvalidArgument;
+        let merged = settings::merge(&self.config.settings, environment).map_err(invalid)?;
+        let what = if environment.name.is_empty() {
+            "the request's environment".to_owned()
+        } else {
+            format!("environment `{}`", environment.name)
+        };
+        settings::check_injectors(&what, &environment.injectors).map_err(invalid)?;
+        for (ns, given) in &environment.providers {
+            let Some(manifest) = plugins.manifests.provider(ns) else {
+                let installed: Vec<&str> = plugins.manifests.namespaces().collect();
+                return Err(invalid(format!(
+                    "{what}: `providers.{ns}`: no provider `{ns}` is installed (installed: {})",
+                    installed.join(", ")
+                )));
+            };
+            settings::check_keys(&what, ns, given, manifest.config_schema.as_ref())
+                .map_err(invalid)?;
+            let config = merged.providers.get(ns).cloned().unwrap_or_default();
+            plugins
+                .rt
+                .block_on(settings::validate_with_provider(
+                    plugins.host,
+                    &what,
+                    ns,
+                    &config,
+                ))
+                .map_err(invalid)?;
+        }
+        Ok(plugins.with_configs(merged.configs()))
+    }
+
+    /// The provider config of a run for an instance whose deployments recorded `recorded` (its
+    /// environment): the engine's settings with it merged over them. A record the engine's
+    /// settings now refuse (a key since pinned) counts for nothing: the engine's settings hold.
+    pub(crate) fn recorded_configs(&self, recorded: &Json) -> settings::ProviderConfigs {
+        let env =
+            settings::Environment::from_json(recorded.get("environment").unwrap_or(&Json::Null))
+                .unwrap_or_default();
+        match settings::merge(&self.config.settings, &env) {
+            Ok(m) => m.configs(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the instance's recorded environment no longer applies; using the engine's provider settings");
+                settings::merge(&self.config.settings, &settings::Environment::default())
+                    .map(|m| m.configs())
+                    .unwrap_or_default()
+            }
+        }
     }
 
     // ---- reads ----------------------------------------------------------------------------
@@ -372,6 +442,8 @@ impl Engine {
             errors: Vec::new(),
         };
         let instance_id = state.instance.id.as_str();
+        let configs = self.recorded_configs(&state.instance.environment);
+        let configs = &configs;
         let reads = state.resources.iter().map(|r| async move {
             let observed = match r.status {
                 ResourceStatus::CreateRequested
@@ -379,7 +451,7 @@ impl Engine {
                 | ResourceStatus::DestroyRequested => None,
                 _ => Some(
                     self.provisioner
-                        .read(&exec::target_of(instance_id, r))
+                        .read(&exec::target_of(instance_id, configs, r))
                         .await,
                 ),
             };

@@ -333,6 +333,7 @@ mod tests {
                 pruned_through: 0,
                 lease_epoch: 0,
                 lease: None,
+                environment: serde_json::Value::Null,
                 created_at: t,
                 updated_at: t,
             },

@@ -386,6 +386,7 @@ impl Engine {
             stop: stop.clone(),
             rt: self.rt.clone(),
             link_locks: exec::LinkLocks::default(),
+            configs: std::sync::OnceLock::new(),
         });
         let this = self.clone();
         self.rt.spawn(async move {
@@ -548,6 +549,8 @@ impl Engine {
         if inputs.digest() != digest {
             return Err("the change set's recorded inputs do not match its digest".into());
         }
+        self.run_settings(ctx, &inputs.environment)?;
+        let plugins = &plugins.with_configs(ctx.configs());
         let plan = body.plan;
         let cwd = self.config.cwd.display().to_string();
         let recorded = prepare::RecordedDataSources::new(&body.datasources, plugins);
@@ -559,6 +562,18 @@ impl Engine {
             Some(&recorded),
         );
         Ok((inputs, plan, prepared))
+    }
+
+    /// The provider settings of a deploy with `environment`; the run's calls use them from
+    /// now on.
+    fn run_settings(
+        &self,
+        ctx: &RunContext,
+        environment: &settings::Environment,
+    ) -> std::result::Result<settings::Merged, String> {
+        let merged = settings::merge(&self.config.settings, environment)?;
+        let _ = ctx.configs.set(merged.configs());
+        Ok(merged)
     }
 
     fn run_deploy(
@@ -600,10 +615,27 @@ impl Engine {
                 Err(e) => return fail(e),
             },
         };
+        let merged = match self.run_settings(ctx, &inputs.environment) {
+            Ok(m) => m,
+            Err(e) => return fail(e),
+        };
+        let plugins = &plugins.with_configs(ctx.configs());
+        // The instance records the environment it is deployed with, before any provider call:
+        // destroy, drift and reconcile use it again.
+        let record = json!({
+            "environment": inputs.environment.to_json(),
+            "providers": merged.providers,
+        });
+        if before.instance.environment != record
+            && let Err(e) = ctx.commit_blocking(vec![Change::InstanceEnvironment(record)], vec![])
+        {
+            return fail(format!("state store: {e}"));
+        }
         // Provider failures and plugin logs are cleaned of this deploy's secrets while it runs
         // (its children's and links' calls and its rollback included): see `crate::redact`.
         let mut secrets = prepared.evaluation.secret_texts();
         secrets.extend(state_values::instance_secrets(&before));
+        secrets.extend(merged.secret_texts());
         let _secrets = crate::redact::hold(secrets);
         if prepared.diags.has_errors() {
             return fail(format!(
@@ -776,6 +808,9 @@ impl Engine {
             Err(e) => return Finish::failed(e.to_string()),
         };
         let _secrets = crate::redact::hold(state_values::instance_secrets(&state));
+        let _ = ctx
+            .configs
+            .set(self.recorded_configs(&state.instance.environment));
         let resources: Vec<&Resource> = state.resources.iter().collect();
         let (mut outcome, _) = exec::destroy_all(ctx, &resources, &state.links);
         // Children go after the resources that may depend on them.
@@ -815,6 +850,9 @@ impl Engine {
             Err(e) => return Finish::failed(e.to_string()),
         };
         let _secrets = crate::redact::hold(state_values::instance_secrets(&state));
+        let _ = ctx
+            .configs
+            .set(self.recorded_configs(&state.instance.environment));
         let errors = exec::reconcile_all(ctx, &state, accept, only);
         let after = ctx.rt.block_on(ctx.store.load_state(&inst));
         let settled = after.as_ref().is_ok_and(|s| {

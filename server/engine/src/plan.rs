@@ -50,6 +50,23 @@ pub struct PlannedResource {
     pub depends_on: Vec<String>,
 }
 
+/// Marks the fields of `resource` (a template name) that property injectors set, and what is
+/// inside them, with the injector's origin.
+fn mark_injected(injected: &[crate::inject::Injected], resource: &str, fields: &mut [FieldChange]) {
+    for i in injected.iter().filter(|i| i.resource == resource) {
+        let path = super::diff::spec_path(&i.keys);
+        for f in fields.iter_mut() {
+            let inside = f.path == path
+                || f.path
+                    .strip_prefix(path.as_str())
+                    .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['));
+            if inside && f.origin.is_none() {
+                f.origin = Some(i.origin.clone());
+            }
+        }
+    }
+}
+
 /// A change set's content, in execution order: creates and updates with dependencies first,
 /// then deletions with dependents first.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -242,6 +259,7 @@ pub fn plan(
             continue;
         }
         let name = x.name.clone();
+        let template = x.template.clone();
         let ty = x.ty.clone();
         let deps = prepared.deps[idx].clone();
         // Dependencies that stay as they are lend their recorded state to this evaluation.
@@ -344,6 +362,8 @@ pub fn plan(
         if action == Action::NoChange && deps.iter().all(|d| stable.contains(d)) {
             stable.insert(idx);
         }
+        let mut fields = fields;
+        mark_injected(&prepared.injected, &template, &mut fields);
         out.push(PlannedResource {
             name,
             resource_type: ty,
@@ -903,6 +923,7 @@ mod tests {
                     previous: Some(Shown::Value(json!("x"))),
                     new: Some(Shown::Sensitive),
                     must_recreate: false,
+                    origin: None,
                 }],
                 reason: String::new(),
                 depends_on: vec!["b".into()],
@@ -952,18 +973,21 @@ mod tests {
                     previous: shown(json!("config")),
                     new: shown(json!("settings")),
                     must_recreate: false,
+                    origin: None,
                 },
                 FieldChange {
                     path: "metadata.annotations.added".into(),
                     previous: None,
                     new: Some(Shown::Unknown),
                     must_recreate: false,
+                    origin: None,
                 },
                 FieldChange {
                     path: "metadata.annotations.gone".into(),
                     previous: shown(json!(true)),
                     new: None,
                     must_recreate: false,
+                    origin: None,
                 },
             ]
         );

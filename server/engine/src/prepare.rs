@@ -10,6 +10,7 @@ use crate::eval::blueprint::{DataSourceFetcher, Evaluation, evaluate_with, reeva
 use crate::eval::functions::Env;
 use crate::eval::limits::Limits;
 use crate::eval::value::Value;
+use crate::settings::{self, Environment};
 use crate::source::SourceMap;
 use crate::validate::refs::{Graph, NodeRef};
 use indexmap::IndexMap;
@@ -25,6 +26,11 @@ pub struct Inputs {
     /// For a child blueprint: the documents of the parents that include it, outermost first
     /// (include cycles are refused).
     pub include_chain: Vec<String>,
+    /// The request's environment (its children inherit it).
+    pub environment: Environment,
+    /// The engine config's property injectors when the plan was made: execution evaluates
+    /// what was planned even if the engine's config changed since.
+    pub engine_injectors: IndexMap<String, serde_json::Value>,
 }
 
 impl Inputs {
@@ -38,6 +44,18 @@ impl Inputs {
         parts.push(b"--variables--");
         for (k, v) in &self.variables {
             parts.extend([k.as_bytes(), v.as_bytes()]);
+        }
+        // Settings only count when given, so the digests of plans without them are unchanged.
+        let settings =
+            (!self.environment.is_empty() || !self.engine_injectors.is_empty()).then(|| {
+                serde_json::json!({
+                    "environment": self.environment.to_json(),
+                    "engineInjectors": self.engine_injectors,
+                })
+                .to_string()
+            });
+        if let Some(s) = &settings {
+            parts.extend([b"--settings--".as_slice(), s.as_bytes()]);
         }
         format!("sha256:{}", trellis_ids::digest(&parts))
     }
@@ -65,6 +83,8 @@ pub struct Prepared {
     pub links: Vec<super::links::WantedLink>,
     /// Link data recorded in state, by (resource A, resource B): what `${link(a, b)}` reads.
     pub link_data: std::collections::HashMap<(String, String), Value>,
+    /// The spec fields property injectors set, by resource template.
+    pub injected: Vec<crate::inject::Injected>,
 }
 
 impl Prepared {
@@ -295,11 +315,23 @@ pub fn prepare_with(
         .first()
         .cloned()
         .unwrap_or_else(|| ("blueprint.yaml".to_owned(), Vec::new()));
+    let scopes = settings::injector_scopes(
+        &settings::EngineSettings {
+            injectors: inputs.engine_injectors.clone(),
+            ..Default::default()
+        },
+        &inputs.environment,
+    );
+    let additions = check::Additions {
+        injectors: &scopes,
+        secret_variables: &inputs.environment.secret_variables,
+    };
     let checked = check::check_source(
         &mut sources,
         &name,
         bytes,
         &inputs.variables,
+        additions,
         limits.max_input_size,
         plugins,
         &mut diags,
@@ -318,12 +350,14 @@ pub fn prepare_with(
         templates: Default::default(),
         links: Vec::new(),
         link_data: Default::default(),
+        injected: Vec::new(),
     };
     let Some(checked) = checked else {
         return prepared;
     };
     prepared.blueprint = checked.blueprint;
     prepared.graph = checked.graph;
+    prepared.injected = checked.injected;
     if prepared.diags.has_errors() {
         return prepared;
     }

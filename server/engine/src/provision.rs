@@ -8,6 +8,7 @@ use serde_json::Value as Json;
 use trellis_proto::plugin::v1 as pb;
 
 use crate::plugins::{CallOptions, PluginError, PluginHost};
+use crate::settings::ProviderConfigs;
 
 /// A resource as the executor hands it to a provider.
 #[derive(Clone, Debug)]
@@ -20,6 +21,8 @@ pub struct Target {
     /// The spec last applied (for updates and destroys).
     pub current_spec: Option<Json>,
     pub current_state: Option<Json>,
+    /// The provider config of the run, by namespace.
+    pub configs: ProviderConfigs,
 }
 
 /// A provider call's success: the external id and computed state.
@@ -231,10 +234,11 @@ fn current(target: &Target) -> Option<pb::ResourceState> {
     })
 }
 
-fn options(target: &Target, key: &str) -> CallOptions {
+fn options(target: &Target, namespace: &str, key: &str) -> CallOptions {
     CallOptions {
         idempotency_key: (!key.is_empty()).then(|| key.to_owned()),
         instance_id: target.instance_id.clone(),
+        provider_config: target.configs.get(namespace),
         ..CallOptions::default()
     }
 }
@@ -260,7 +264,11 @@ impl PluginProvisioner {
             desired_spec: Some(spec),
         };
         match client
-            .apply_resource(req, &options(target, idempotency_key), |_| {})
+            .apply_resource(
+                req,
+                &options(target, namespace(&target.resource_type), idempotency_key),
+                |_| {},
+            )
             .await
         {
             Ok(res) => Ok(Applied {
@@ -300,7 +308,10 @@ impl PluginProvisioner {
             current: Some(current),
         };
         let resp = client
-            .destroy_resource(req, &options(target, idempotency_key))
+            .destroy_resource(
+                req,
+                &options(target, namespace(&target.resource_type), idempotency_key),
+            )
             .await
             .map_err(|e| Failure::of_call(&e))?;
         match resp.error {
@@ -319,7 +330,7 @@ impl PluginProvisioner {
             .host
             .provider(&call.provider)
             .map_err(|e| Failure::new(describe(&e)))?;
-        let opts = options(&call.a, idempotency_key);
+        let opts = options(&call.a, &call.provider, idempotency_key);
         // The provider sees its own link data, without the owned paths kept beside it.
         let recorded = super::links::link_data(&call.link_data);
         let mut ctx = pb::LinkContext {
@@ -422,7 +433,7 @@ impl PluginProvisioner {
             current: Some(current),
         };
         let resp = client
-            .read_resource(req, &options(target, ""))
+            .read_resource(req, &options(target, namespace(&target.resource_type), ""))
             .await
             .map_err(|e| Failure::new(describe(&e)))?;
         if let Some(e) = resp.error {

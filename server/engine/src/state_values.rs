@@ -219,6 +219,16 @@ pub fn eval_to_json(v: &Value) -> Json {
     }
 }
 
+/// A stored value as it may be printed: each secret replaced by `"(sensitive)"`.
+pub fn masked(v: &Json) -> Json {
+    match v {
+        Json::Object(o) if wrapped(o).is_some() => Json::String("(sensitive)".to_owned()),
+        Json::Object(o) => Json::Object(o.iter().map(|(k, v)| (k.clone(), masked(v))).collect()),
+        Json::Array(items) => Json::Array(items.iter().map(masked).collect()),
+        other => other.clone(),
+    }
+}
+
 /// A stored value for API answers: secrets replaced by the sensitive marker (no value).
 pub fn to_api(v: &Json) -> pb::Value {
     match v {

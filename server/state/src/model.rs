@@ -172,6 +172,9 @@ pub struct Instance {
     pub lease: Option<LeaseHolder>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The environment and provider settings its last deployment used (`null`: none recorded);
+    /// secrets wrapped as in specs. The engine gives it meaning.
+    pub environment: Value,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -390,6 +393,8 @@ impl Committed {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
     InstanceStatus(InstanceStatus),
+    /// Records the environment a deployment runs with (replaces the previous record).
+    InstanceEnvironment(Value),
     /// Intent to create: written BEFORE the provider call (status `CreateRequested`). Allowed
     /// when the resource is absent, or its create failed or is still unresolved.
     IntendCreate {

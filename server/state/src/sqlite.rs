@@ -512,7 +512,7 @@ fn ts(ms: i64) -> Timestamp {
 }
 
 const INSTANCE_COLS: &str = "id, name, status, version, last_seq, pruned_through, lease_epoch, \
-                             lease_owner, lease_expires_at, created_at, updated_at";
+                             lease_owner, lease_expires_at, created_at, updated_at, environment";
 
 fn decode_instance(row: &Row<'_>) -> Result<Instance> {
     let id: String = row.get(0)?;
@@ -538,6 +538,7 @@ fn decode_instance(row: &Row<'_>) -> Result<Instance> {
         lease,
         created_at: ts(row.get(9)?),
         updated_at: ts(row.get(10)?),
+        environment: parse_json(&row.get::<_, String>(11)?, || what.clone())?,
         id,
     })
 }
@@ -890,6 +891,10 @@ impl Tx<'_> {
             Change::InstanceStatus(status) => {
                 tx.prepare_cached("UPDATE instances SET status = ?2 WHERE id = ?1")?
                     .execute(params![inst, status.as_str()])?;
+            }
+            Change::InstanceEnvironment(environment) => {
+                tx.prepare_cached("UPDATE instances SET environment = ?2 WHERE id = ?1")?
+                    .execute(params![inst, environment.to_string()])?;
             }
             Change::IntendCreate { .. }
             | Change::ResourceCreated { .. }

@@ -163,9 +163,42 @@ fn the_inputs_digest_is_stable() {
         variables: vec![("k".into(), "v".into())],
         now_unix_nanos: 7,
         include_chain: vec![],
+        environment: Default::default(),
+        engine_injectors: Default::default(),
     };
     assert_eq!(
         inputs.digest(),
         "sha256:af5a8002308f468795d280a221452ecbc15384bde1be9d1069e1526e3bd46e58"
     );
+}
+
+/// An environment and the engine's injectors are part of what was planned: the digest covers
+/// them and the body keeps them (secrets still wrapped) for execution.
+#[test]
+fn settings_are_digested_and_kept() {
+    let plain = Inputs {
+        files: vec![("a.yaml".into(), b"x: 1\n".to_vec())],
+        variables: vec![],
+        now_unix_nanos: 7,
+        include_chain: vec![],
+        environment: Default::default(),
+        engine_injectors: Default::default(),
+    };
+    let mut with = plain.clone();
+    with.environment.name = "dev".into();
+    with.environment.providers.insert(
+        "aws".into(),
+        json!({"key": {"$sensitive": "s3cret"}})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    with.environment.secret_variables = vec!["password".into()];
+    with.engine_injectors
+        .insert("local/file".into(), json!({"mode": "0640"}));
+    assert_ne!(plain.digest(), with.digest());
+    let body = crate::body::encode(&with, &Plan::default(), Default::default(), vec![]);
+    let back = crate::body::decode_inputs(&body).expect("decodes");
+    assert_eq!(back, with);
+    assert_eq!(back.digest(), with.digest());
 }

@@ -15,6 +15,7 @@ use crate::source::Span;
 use trellis_proto::plugin::v1::{self as pb, Manifest, Schema, SchemaType};
 
 /// The manifests of the providers available to a validation.
+#[derive(Clone)]
 pub struct Manifests {
     providers: Vec<Manifest>,
     /// Provider functions as signatures (see [`Manifests::functions`]).
@@ -53,7 +54,8 @@ impl Manifests {
             .filter_map(|m| m.plugin.as_ref().map(|p| p.name.as_str()))
     }
 
-    fn provider(&self, namespace: &str) -> Option<&Manifest> {
+    /// The manifest of provider `namespace`, if it answered.
+    pub fn provider(&self, namespace: &str) -> Option<&Manifest> {
         self.providers
             .iter()
             .find(|m| m.plugin.as_ref().is_some_and(|p| p.name == namespace))

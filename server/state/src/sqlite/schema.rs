@@ -174,6 +174,15 @@ INSERT INTO store_meta (id, store_id, commits) VALUES (1, lower(hex(randomblob(1
 ALTER TABLE resources ADD COLUMN call_key TEXT;
 "#,
     },
+    Migration {
+        version: 6,
+        name: "instance environments",
+        // The environment and provider settings the instance's last deployment used (JSON,
+        // secrets wrapped like in specs): destroy, drift and reconcile use them again.
+        sql: r#"
+ALTER TABLE instances ADD COLUMN environment TEXT NOT NULL DEFAULT 'null';
+"#,
+    },
 ];
 
 /// The schema version this build writes.

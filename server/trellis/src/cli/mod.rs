@@ -73,7 +73,9 @@ pub enum Command {
 }
 
 pub mod client;
+pub mod environment;
 mod eval;
+pub mod inputs;
 pub mod plugin_cmds;
 
 #[derive(clap::Args, Debug)]
@@ -115,6 +117,8 @@ pub struct ValidateArgs {
     /// A variable value to check against its definition (type, allowed values).
     #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
     pub vars: Vec<(String, String)>,
+    #[command(flatten)]
+    pub inputs: inputs::InputArgs,
     /// Skip everything that needs plugins: resource and data source types,
     /// spec schemas, provider validation, custom variable types, provider
     /// functions and `transform:`. Validation then needs no plugin installed.
@@ -203,10 +207,19 @@ impl Report {
 use crate::validate::validate_source;
 
 fn run_validate(args: &ValidateArgs) -> ExitCode {
+    let resolved = match inputs::resolve(&args.inputs, &args.vars) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let variables = resolved.pairs();
+    let environment = resolved.environment_model();
     let opts = Options {
         functions: &CoreFunctions,
         providers: None,
-        variables: &args.vars,
+        variables: &variables,
     };
     let mut report = Report {
         sources: SourceMap::new(),
@@ -247,13 +260,29 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
         };
         let host = crate::plugins::PluginHost::new(args.plugins.host_config());
         {
-            let plugins = crate::check::PluginContext::load(&host, rt.handle().clone());
+            // Without an engine there are no engine settings: the environment's alone apply.
+            let merged = match crate::engine::settings::merge(&Default::default(), &environment) {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let scopes =
+                crate::engine::settings::injector_scopes(&Default::default(), &environment);
+            let additions = crate::check::Additions {
+                injectors: &scopes,
+                secret_variables: &environment.secret_variables,
+            };
+            let plugins = crate::check::PluginContext::load(&host, rt.handle().clone())
+                .with_configs(merged.configs());
             for (path, bytes) in inputs {
                 crate::check::validate_source(
                     &mut report.sources,
                     path,
                     bytes,
-                    &args.vars,
+                    &variables,
+                    additions,
                     args.max_input_size,
                     &plugins,
                     &mut report.diagnostics,

@@ -13,6 +13,7 @@ use trellis_proto::plugin::v1 as pb;
 use crate::engine::diff::{FieldChange, Shown};
 use crate::engine::links::PlannedLink;
 use crate::engine::plan::{Action, ChildPlan, PlannedResource};
+use crate::engine::settings::Environment;
 use crate::engine::{
     ChangeSetView, DriftKind, DriftReport, Engine, EngineError, Source, state_values,
 };
@@ -107,8 +108,70 @@ fn source(s: Option<api::BlueprintSource>) -> Result<Source, Status> {
     }
 }
 
-fn variables(v: Vec<api::Variable>) -> Vec<(String, String)> {
-    v.into_iter().map(|v| (v.name, v.value)).collect()
+/// The variables as text, and the request's environment with the names of the variables it
+/// marked secret.
+fn variables(
+    v: Vec<api::Variable>,
+    environment: Option<api::Environment>,
+) -> Result<(Vec<(String, String)>, Environment), Status> {
+    let mut env = match environment {
+        Some(e) => decode_environment(e)?,
+        None => Environment::default(),
+    };
+    env.secret_variables = v
+        .iter()
+        .filter(|v| v.secret)
+        .map(|v| v.name.clone())
+        .collect();
+    Ok((v.into_iter().map(|v| (v.name, v.value)).collect(), env))
+}
+
+type Object = serde_json::Map<String, Json>;
+
+/// A map value's entries as JSON objects (secrets wrapped), each named by `what.<key>`.
+fn object_entries(v: Option<pb::Value>, what: &str) -> Result<Vec<(String, Object)>, Status> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    let entries = match v.kind {
+        None | Some(pb::value::Kind::Null(_)) => return Ok(Vec::new()),
+        Some(pb::value::Kind::Map(m)) => m.entries,
+        Some(_) => {
+            return Err(Status::invalid_argument(format!(
+                "environment.{what} must be a map"
+            )));
+        }
+    };
+    entries
+        .into_iter()
+        .map(
+            |e| match crate::engine::state_values::from_pb(&e.value.unwrap_or_default()) {
+                Json::Object(o)
+                    if crate::engine::state_values::sensitive_inner(&Json::Object(o.clone()))
+                        .is_none() =>
+                {
+                    Ok((e.key, o))
+                }
+                _ => Err(Status::invalid_argument(format!(
+                    "environment.{what}.{} must be a map",
+                    e.key
+                ))),
+            },
+        )
+        .collect()
+}
+
+fn decode_environment(e: api::Environment) -> Result<Environment, Status> {
+    Ok(Environment {
+        name: e.name,
+        file_digest: e.digest,
+        providers: object_entries(e.providers, "providers")?
+            .into_iter()
+            .collect(),
+        injectors: object_entries(e.injectors, "injectors")?
+            .into_iter()
+            .map(|(k, v)| (k, Json::Object(v)))
+            .collect(),
+        secret_variables: Vec::new(),
+    })
 }
 
 // ---- encoding ---------------------------------------------------------------------------------
@@ -160,6 +223,7 @@ fn field(f: &FieldChange) -> api::FieldChange {
         previous: f.previous.as_ref().map(shown),
         new: f.new.as_ref().map(shown),
         must_recreate: f.must_recreate,
+        origin: f.origin.clone().unwrap_or_default(),
     }
 }
 
@@ -295,7 +359,24 @@ fn instance_summary(i: &state::Instance) -> api::Instance {
         exports: vec![],
         created_at_unix_ms: i.created_at.as_millis(),
         updated_at_unix_ms: i.updated_at.as_millis(),
+        environment: instance_environment(&i.environment),
     }
+}
+
+/// The instance's record of its last deployment's environment, secrets masked.
+fn instance_environment(recorded: &Json) -> Option<api::InstanceEnvironment> {
+    if recorded.is_null() {
+        return None;
+    }
+    let env = Environment::from_json(recorded.get("environment").unwrap_or(&Json::Null))
+        .unwrap_or_default();
+    Some(api::InstanceEnvironment {
+        digest: env.digest(),
+        name: env.name,
+        providers: recorded
+            .get("providers")
+            .map(crate::engine::state_values::to_api),
+    })
 }
 
 /// A stored value for an answer: secrets masked, or with `reveal` sent with their values (and
@@ -569,9 +650,10 @@ impl api::engine_server::Engine for EngineApi {
         req: Request<api::ValidateRequest>,
     ) -> Result<Response<DiagStream>, Status> {
         let r = req.into_inner();
+        let (vars, env) = variables(r.variables, r.environment)?;
         let diags = self
             .engine
-            .validate(source(r.source)?, variables(r.variables))
+            .validate(source(r.source)?, vars, env)
             .await
             .map_err(status)?;
         let items: Vec<Result<api::Diagnostic, Status>> =
@@ -584,14 +666,10 @@ impl api::engine_server::Engine for EngineApi {
         req: Request<api::CreateChangeSetRequest>,
     ) -> Result<Response<api::ChangeSet>, Status> {
         let r = req.into_inner();
+        let (vars, env) = variables(r.variables, r.environment)?;
         let planned = self
             .engine
-            .create_change_set(
-                &r.request_id,
-                &r.instance,
-                source(r.source)?,
-                variables(r.variables),
-            )
+            .create_change_set(&r.request_id, &r.instance, source(r.source)?, vars, env)
             .await;
         match planned {
             Ok(v) => Ok(Response::new(change_set(&v))),

@@ -190,6 +190,8 @@ pub struct ServeConfig {
     pub event_retention: Duration,
     /// Connection limit, idle timeout and keepalive (docs/serve.md, "Connections").
     pub connections: ConnectionSettings,
+    /// Provider configuration and property injectors (docs/configuration.md), secrets read.
+    pub settings: crate::engine::settings::EngineSettings,
 }
 
 /// How the engine treats client connections. `None` turns a timer off.
@@ -302,6 +304,10 @@ struct FileSettings {
     http2_keepalive_timeout: Option<FileDuration>,
     #[serde(alias = "tcp_keepalive")]
     tcp_keepalive: Option<FileDuration>,
+    /// `[providers.<namespace>]`: provider configuration (serve/providers.rs).
+    providers: Option<toml::Table>,
+    /// `[injectors."<type>"]`: property injectors.
+    injectors: Option<toml::Table>,
 }
 
 /// A duration in the file: an integer number of seconds or a string such as `"2m"`.
@@ -406,6 +412,16 @@ impl ServeArgs {
             None => (FileSettings::default(), None),
         };
         let file = file.as_ref();
+        let engine_settings = match file {
+            Some(f) => super::providers::read(
+                settings.providers.clone(),
+                settings.injectors.clone(),
+                &f.path,
+                &f.dir,
+                &|name| std::env::var(name).ok(),
+            )?,
+            None => Default::default(),
+        };
 
         let listen = match layer(self.listen, settings.listen, file) {
             Some((text, origin)) => {
@@ -629,6 +645,7 @@ impl ServeArgs {
         };
 
         Ok(ServeConfig {
+            settings: engine_settings,
             listen,
             data_dir,
             plugin_dirs,

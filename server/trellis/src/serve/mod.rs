@@ -10,6 +10,7 @@ mod conns;
 mod decode_status;
 mod listen;
 mod logging;
+mod providers;
 mod trace;
 
 pub(crate) use trace::REQUEST_ID_HEADER;
@@ -90,6 +91,14 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     let host = Arc::new(PluginHost::new(host_config));
 
     let cwd = std::env::current_dir().map_err(|e| format!("working directory: {e}"))?;
+    // Provider settings are checked before the engine accepts anything: a typo in a key is a
+    // startup error, not a failed deploy later. The local provider, when installed, is
+    // confined to the working directory unless the config gives it another root.
+    let mut settings = config.settings.clone();
+    if host.provider("local").is_ok() {
+        providers::confine_local(&mut settings, &cwd);
+    }
+    providers::check(&settings, &host).await?;
     let remote_includes = RemoteIncludes::new(
         config.include_hosts.clone(),
         config.max_include_bytes,
@@ -109,6 +118,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
             allowed_roots: config.allowed_roots.clone(),
             remote_includes,
             cwd,
+            settings,
         },
         tokio::runtime::Handle::current(),
     );

@@ -586,6 +586,7 @@ mod watch {
                 )),
             }),
             variables: vec![],
+            environment: None,
         };
         let cs = c
             .create_change_set(plan(many_sims(24, 15)))

@@ -227,12 +227,3 @@ fn literal_includes(name: &str, bytes: Vec<u8>) -> Vec<String> {
         })
         .collect()
 }
-
-pub(crate) fn variables(vars: &[(String, String)]) -> Vec<pb::Variable> {
-    vars.iter()
-        .map(|(name, value)| pb::Variable {
-            name: name.clone(),
-            value: value.clone(),
-        })
-        .collect()
-}

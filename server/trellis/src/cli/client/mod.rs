@@ -199,6 +199,8 @@ pub struct PlanArgs {
     #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
     pub vars: Vec<(String, String)>,
     #[command(flatten)]
+    pub inputs: crate::cli::inputs::InputArgs,
+    #[command(flatten)]
     pub request: RequestIdArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -220,6 +222,9 @@ pub struct DeployArgs {
     /// A variable value, parsed to the variable's declared type.
     #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var, conflicts_with = "change_set")]
     pub vars: Vec<(String, String)>,
+    /// `--env` and `--var-file` (not with --change-set: its plan already has its inputs).
+    #[command(flatten)]
+    pub inputs: crate::cli::inputs::InputArgs,
     /// Execute this change set (from `trellis plan`) instead of planning FILE.
     #[arg(long, value_name = "ID")]
     pub change_set: Option<String>,
@@ -419,7 +424,8 @@ async fn plan(
 ) -> Result<u8, Failure> {
     let request_id = args.request.resolve();
     let sent = sent_files(&source);
-    let cs = create_change_set(client, &request_id, &args.instance, source, &args.vars).await?;
+    let inputs = crate::cli::inputs::resolve(&args.inputs, &args.vars).map_err(Failure::usage)?;
+    let cs = create_change_set(client, &request_id, &args.instance, source, &inputs).await?;
     match args.engine.format {
         OutputFormat::Json => emit_json(&json!({ "changeSet": change_set_json(&cs) }))?,
         OutputFormat::Text if is_invalid(&cs) => emit(&invalid_plan_text(&cs, &sent))?,
@@ -445,13 +451,14 @@ async fn create_change_set(
     request_id: &str,
     instance: &str,
     source: pb::BlueprintSource,
-    vars: &[(String, String)],
+    inputs: &crate::cli::inputs::Resolved,
 ) -> Result<pb::ChangeSet, Failure> {
     let request = pb::CreateChangeSetRequest {
         request_id: request_id.to_owned(),
         instance: instance.to_owned(),
         source: Some(source),
-        variables: variables(vars),
+        variables: inputs.variables.clone(),
+        environment: inputs.environment_pb(),
     };
     match client
         .api
@@ -469,6 +476,11 @@ async fn deploy(
     source: Option<pb::BlueprintSource>,
 ) -> Result<u8, Failure> {
     let format = args.engine.format;
+    if args.change_set.is_some() && !args.inputs.is_empty() {
+        return Err(Failure::usage(
+            "--env and --var-file cannot be used with --change-set: the change set was planned with its inputs",
+        ));
+    }
     let request_id = args.request.resolve();
     let mut planned = None;
     let operation = match (&args.change_set, source, &args.instance) {
@@ -492,8 +504,9 @@ async fn deploy(
             } else {
                 // The same id: a retry that had got as far as planning gets that plan back.
                 let sent = sent_files(&source);
-                let cs =
-                    create_change_set(client, &request_id, instance, source, &args.vars).await?;
+                let inputs = crate::cli::inputs::resolve(&args.inputs, &args.vars)
+                    .map_err(Failure::usage)?;
+                let cs = create_change_set(client, &request_id, instance, source, &inputs).await?;
                 if format == OutputFormat::Text {
                     if is_invalid(&cs) {
                         emit(&invalid_plan_text(&cs, &sent))?;

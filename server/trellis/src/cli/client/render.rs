@@ -144,6 +144,11 @@ pub(super) fn instance_json(inst: &pb::Instance) -> Json {
         "links": links,
         "children": children,
         "exports": exports,
+        "environment": inst.environment.as_ref().map(|e| json!({
+            "name": e.name,
+            "digest": e.digest,
+            "providers": value_json(e.providers.as_ref()),
+        })),
     })
 }
 
@@ -174,6 +179,9 @@ fn field_json(f: &pb::FieldChange) -> Json {
         o.insert("new".into(), value_json(Some(v)));
     }
     o.insert("mustRecreate".into(), json!(f.must_recreate));
+    if !f.origin.is_empty() {
+        o.insert("origin".into(), json!(f.origin));
+    }
     Json::Object(o)
 }
 
@@ -422,6 +430,9 @@ fn field_text(f: &pb::FieldChange, forcing: bool) -> String {
         (Some(old), None) => line.push_str(&format!("{} → (removed)", value_text(old))),
         (None, None) => line.push_str("(removed)"),
     }
+    if !f.origin.is_empty() {
+        line.push_str(&format!("  (injected by {})", f.origin));
+    }
     if forcing && f.must_recreate {
         line.push_str("  (forces recreate)");
     }
@@ -626,6 +637,7 @@ fn changes_text(
                 previous: e.previous.clone(),
                 new: e.new.clone(),
                 must_recreate: false,
+                origin: String::new(),
             };
             out.push_str(&format!(
                 "{:>3} {}\n",
@@ -806,6 +818,33 @@ pub(super) fn instances_text(list: &pb::ListInstancesResponse) -> String {
     table(&["NAME", "STATUS", "VERSION", "ID"], &rows)
 }
 
+/// The environment an instance was last deployed with, and the provider settings it used.
+fn environment_text(env: &pb::InstanceEnvironment) -> String {
+    let mut out = String::new();
+    if !env.name.is_empty() || !env.digest.is_empty() {
+        let name = if env.name.is_empty() {
+            "(unnamed)"
+        } else {
+            &env.name
+        };
+        out.push_str(&format!(
+            "Environment: {name} {}
+",
+            env.digest
+        ));
+    }
+    let providers = match env.providers.as_ref().and_then(|p| p.kind.as_ref()) {
+        Some(pv::value::Kind::Map(m)) if !m.entries.is_empty() => &m.entries,
+        _ => return out,
+    };
+    out.push_str("Provider settings:\n");
+    for p in providers {
+        let settings = p.value.as_ref().map_or_else(|| "{}".to_owned(), value_text);
+        out.push_str(&format!("  {} {settings}\n", p.key));
+    }
+    out
+}
+
 /// `trellis instance NAME`: status, resources, failures, exports.
 pub(super) fn instance_text(inst: &pb::Instance) -> String {
     let mut out = format!(
@@ -815,6 +854,9 @@ pub(super) fn instance_text(inst: &pb::Instance) -> String {
         short(inst.status().as_str_name(), "INSTANCE_STATUS"),
         inst.version
     );
+    if let Some(env) = &inst.environment {
+        out.push_str(&environment_text(env));
+    }
     if inst.resources.is_empty() {
         out.push_str("\nNo resources.\n");
     } else {

@@ -41,6 +41,7 @@ fn field(path: &str, previous: Option<pv::Value>, new: Option<pv::Value>) -> pb:
         previous,
         new,
         must_recreate: false,
+        origin: String::new(),
     }
 }
 
@@ -199,6 +200,14 @@ fn instance_json_shape() {
         }],
         created_at_unix_ms: 0,
         updated_at_unix_ms: 0,
+        environment: Some(pb::InstanceEnvironment {
+            name: "dev".into(),
+            digest: "sha256:ab".into(),
+            providers: Some(map(&[(
+                "local",
+                map(&[("root", s("/srv")), ("token", secret())]),
+            )])),
+        }),
     };
     assert_eq!(
         instance_json(&inst),
@@ -227,10 +236,20 @@ fn instance_json_shape() {
             }],
             "children": [],
             "exports": {"path": "/tmp/x"},
+            "environment": {
+                "name": "dev",
+                "digest": "sha256:ab",
+                "providers": {"local": {"root": "/srv", "token": {"sensitive": true}}},
+            },
         })
     );
     let text = instance_text(&inst);
     assert!(text.contains("Status:  DEPLOYED"), "{text}");
+    assert!(text.contains("Environment: dev sha256:ab"), "{text}");
+    assert!(
+        text.contains("  local {\"root\": \"/srv\", \"token\": (sensitive)}"),
+        "{text}"
+    );
     assert!(text.contains("config    local/file  CREATED"), "{text}");
     assert!(text.contains("  path = \"/tmp/x\""), "{text}");
 }
