@@ -282,6 +282,9 @@ pub async fn deployed_state_crud(h: &Harness) {
                 },
                 export("endpoint", json!("https://api")),
                 Change::InstanceStatus(InstanceStatus::Deployed),
+                Change::InstanceEnvironment(
+                    json!({ "environment": { "name": "dev" }, "providers": { "aws": { "key": { "$sensitive": "k" } } } }),
+                ),
             ],
             vec![ev("deploy.step", json!({ "n": 1 }))],
         )
@@ -293,6 +296,12 @@ pub async fn deployed_state_crud(h: &Harness) {
 
     let st = state(h, &app).await;
     assert_eq!(st.instance.status, InstanceStatus::Deployed);
+    // The environment record is kept as given, and a new instance has none.
+    assert_eq!(
+        st.instance.environment,
+        json!({ "environment": { "name": "dev" }, "providers": { "aws": { "key": { "$sensitive": "k" } } } })
+    );
+    assert_eq!(child.environment, serde_json::Value::Null);
     assert_eq!(st.instance.version, 1);
     assert_eq!(st.instance.last_seq, 2);
     let names: Vec<&str> = st.resources.iter().map(|r| r.name.as_str()).collect();

@@ -9,6 +9,7 @@ mod blueprint_features_e2e;
 mod change_order_e2e;
 mod children_e2e;
 mod cli;
+mod configuration_e2e;
 mod drain_e2e;
 mod engine_e2e;
 mod limits_e2e;
