@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Generates the Python gRPC stubs for the Trellis plugin protocol from the
-# repository's .proto files (proto/trellis/plugin/v1/*.proto) into _gen/,
+# Generates the Python gRPC stubs for the Trellis plugin protocol and engine API
+# from the repository's .proto files (proto/trellis/{plugin,engine}/v1/*.proto)
+# into _gen/,
 # which is untracked. Needs `pip install -r requirements.txt` (grpcio-tools
 # bundles protoc).
 #
@@ -14,7 +15,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
 out="$here/_gen"
-protos=("$root"/proto/trellis/plugin/v1/*.proto)
+# The engine API too: tests/interop/python/engine_client.py is a CI client in Python.
+protos=("$root"/proto/trellis/plugin/v1/*.proto "$root"/proto/trellis/engine/v1/*.proto)
 
 digest() { cat "${protos[@]}" | sha256sum | cut -d' ' -f1; }
 fresh() { [ "$(cat "$out/PROTO_SHA256" 2>/dev/null || true)" = "$(digest)" ]; }

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value as Json};
 use trellis_engine::state_values::{mark_secret, sensitive_inner};
-use trellis_lang::diag::{Diagnostics, did_you_mean};
+use trellis_lang::diag::{Diagnostics, codes, did_you_mean};
 use trellis_lang::document::{Format, Key, Node, NodeKind, load_bytes, parse};
 use trellis_lang::source::{SourceMap, Span};
 
@@ -318,6 +318,16 @@ fn parse_file(path: &Path, bytes: Vec<u8>) -> Result<(SourceMap, Node), String> 
     let root = parse(&sources, file, Format::from_path(&name), &mut diags);
     match root {
         Some(root) if !diags.has_errors() => Ok((sources, root)),
+        // Only comments: an empty document, not a mistake.
+        None if diags.items.len() == 1 && diags.items[0].code.id == codes::EMPTY_DOCUMENT.id => {
+            Ok((
+                sources,
+                Node {
+                    kind: NodeKind::Null,
+                    span: Span::new(file, 0, 0),
+                },
+            ))
+        }
         _ => Err(render_diags(&sources, &diags)),
     }
 }
@@ -417,10 +427,12 @@ impl Reader<'_> {
         }
     }
 
-    /// The entries of an optional section: null is empty, anything but a mapping an error.
+    /// The entries of an optional section: nothing (`variables:` alone, or null) is empty,
+    /// anything but a mapping an error.
     fn section<'n>(&mut self, n: &'n Node, what: &str, expect: &str) -> &'n [(Key, Node)] {
         match &n.kind {
             NodeKind::Null => &[],
+            NodeKind::Str(s, _) if s.is_empty() => &[],
             NodeKind::Map(entries) => entries,
             _ => {
                 self.error(
@@ -920,6 +932,15 @@ injectors:
         assert!(e.variables.is_empty());
         let path = write(&dir, "envs/empty.yaml", "");
         assert_eq!(load_environment_with(&path, &no_env).unwrap().name, "empty");
+        // Sections given with nothing under them are empty too; an empty value is "".
+        let path = write(
+            &dir,
+            "envs/bare.yaml",
+            "variables:\n  blank:\nproviders:\ninjectors:\n",
+        );
+        let e = load_environment_with(&path, &no_env).unwrap();
+        assert_eq!(e.name, "bare");
+        assert_eq!(e.variables, vec![var("blank", "", false)]);
     }
 
     #[test]
@@ -1026,7 +1047,7 @@ injectors:
         let path = write(
             &dir,
             "dev.yaml",
-            "variables:\n  ok: 1\n  zones: [a, b]\n  obj: { a: 1 }\n  nothing:\n",
+            "variables:\n  ok: 1\n  zones: [a, b]\n  obj: { a: 1 }\n  nothing: ~\n",
         );
         let err = load_environment_with(&path, &no_env).unwrap_err();
         let lines: Vec<&str> = err.lines().collect();

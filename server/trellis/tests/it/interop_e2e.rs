@@ -1,0 +1,61 @@
+//! A client of the engine API in another language: tests/interop/python/engine_client.py
+//! (grpcio, stubs generated from proto/) plans with an environment (a secret variable,
+//! provider settings, an injector), deploys and reads the instance back from a real
+//! `trellis serve`, and the provider it configures (the Python `pyecho` provider) acts on those
+//! settings. Skipped, with a note, when python3 cannot import grpc.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::engine_common::{Engine, all_output};
+use crate::plugins_common::TempDir;
+
+const SECRET: &str = "Py-interop-secret-4Kd9";
+
+fn python_grpc_available() -> bool {
+    Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools, grpc_health"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn a_python_client_deploys_with_an_environment() {
+    if !python_grpc_available() {
+        eprintln!(
+            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
+        );
+        return;
+    }
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/python");
+    let dir = TempDir::new("py-client");
+    let state_dir = dir.path().join("pyecho-state");
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let engine = Engine::builder(dir.path())
+        .args(&[
+            Path::new("--plugin-dir").as_os_str(),
+            python.join("bin").as_os_str(),
+        ])
+        .capture_stderr()
+        .start();
+    let out = Command::new("python3")
+        .arg(python.join("engine_client.py"))
+        .arg(&engine.addr)
+        .arg(&state_dir)
+        .arg(SECRET)
+        .output()
+        .expect("run python3");
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    // The provider received the environment's settings: it wrote its record where `stateDir`
+    // said, with the injected `repeat`.
+    let records: Vec<_> = std::fs::read_dir(&state_dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record: serde_json::Value = serde_json::from_str(&records[0]).unwrap();
+    assert_eq!(record["repeat"], 2, "{record}");
+    assert_eq!(record["text"], SECRET);
+    let (_, logs) = engine.stop();
+    assert!(!logs.contains(SECRET), "a secret reached the engine's log");
+}
