@@ -27,11 +27,11 @@
 //! Errors are one line each, `FILE:LINE:COL: message`; every problem found is reported, one
 //! per line.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use indexmap::IndexMap;
 use serde_json::{Map, Value as Json};
 use trellis_engine::state_values::{mark_secret, sensitive_inner};
 use trellis_lang::diag::{Diagnostics, codes, did_you_mean};
@@ -81,9 +81,9 @@ pub struct EnvironmentFile {
     pub variables: Vec<EnvVariable>,
     /// Provider namespace -> configuration merged over the engine's; resolved references are
     /// wrapped as `{"$sensitive": value}`.
-    pub providers: BTreeMap<String, Map<String, Json>>,
+    pub providers: IndexMap<String, Map<String, Json>>,
     /// Resource type -> defaults for its spec fields (always a JSON object).
-    pub injectors: BTreeMap<String, Json>,
+    pub injectors: IndexMap<String, Json>,
 }
 
 impl fmt::Debug for EnvironmentFile {
@@ -94,7 +94,7 @@ impl fmt::Debug for EnvironmentFile {
                 write!(f, "{}", mask_secrets(self.0))
             }
         }
-        struct Providers<'a>(&'a BTreeMap<String, Map<String, Json>>);
+        struct Providers<'a>(&'a IndexMap<String, Map<String, Json>>);
         impl fmt::Debug for Providers<'_> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 let mut m = f.debug_map();
@@ -105,7 +105,7 @@ impl fmt::Debug for EnvironmentFile {
                 m.finish()
             }
         }
-        struct Injectors<'a>(&'a BTreeMap<String, Json>);
+        struct Injectors<'a>(&'a IndexMap<String, Json>);
         impl fmt::Debug for Injectors<'_> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 let mut m = f.debug_map();
@@ -468,8 +468,8 @@ impl Reader<'_> {
         out
     }
 
-    fn providers(&mut self, n: &Node) -> BTreeMap<String, Map<String, Json>> {
-        let mut out = BTreeMap::new();
+    fn providers(&mut self, n: &Node) -> IndexMap<String, Map<String, Json>> {
+        let mut out = IndexMap::new();
         for (key, value) in self.section(n, "providers", "provider namespaces to configuration") {
             let what = format!("`providers.{}`", key.name);
             self.literal_key(key.span, &key.name, &what);
@@ -484,8 +484,8 @@ impl Reader<'_> {
         out
     }
 
-    fn injectors(&mut self, n: &Node) -> BTreeMap<String, Json> {
-        let mut out = BTreeMap::new();
+    fn injectors(&mut self, n: &Node) -> IndexMap<String, Json> {
+        let mut out = IndexMap::new();
         for (key, value) in self.section(n, "injectors", "resource types to spec defaults") {
             let what = format!("`injectors.{}`", key.name);
             self.literal_key(key.span, &key.name, &what);
@@ -845,10 +845,14 @@ providers:
     token: { fromEnv: LOCAL_TOKEN }
     nested:
       list: [a, { fromFile: secrets/api-key }]
+  aws:
+    region: eu-west-1
 injectors:
   local/file:
     mode: \"0600\"
     tags: [x, y]
+  aws/s3/bucket:
+    versioning: true
 ";
 
     #[test]
@@ -871,7 +875,13 @@ injectors:
                 var("apiKey", "k-123", true),
             ]
         );
-        assert_eq!(e.providers.len(), 1);
+        // Providers and injectors keep file order.
+        let namespaces: Vec<&str> = e.providers.keys().map(String::as_str).collect();
+        assert_eq!(namespaces, ["local", "aws"]);
+        assert_eq!(
+            Json::Object(e.providers["aws"].clone()),
+            json!({"region": "eu-west-1"})
+        );
         assert_eq!(
             Json::Object(e.providers["local"].clone()),
             json!({
@@ -884,7 +894,9 @@ injectors:
         // File order is kept inside a configuration.
         let keys: Vec<&str> = e.providers["local"].keys().map(String::as_str).collect();
         assert_eq!(keys, ["root", "retries", "token", "nested"]);
-        assert_eq!(e.injectors.len(), 1);
+        let types: Vec<&str> = e.injectors.keys().map(String::as_str).collect();
+        assert_eq!(types, ["local/file", "aws/s3/bucket"]);
+        assert_eq!(e.injectors["aws/s3/bucket"], json!({"versioning": true}));
         assert_eq!(
             e.injectors["local/file"],
             json!({"mode": "0600", "tags": ["x", "y"]})
