@@ -382,16 +382,15 @@ impl Engine {
     /// The provider config of a run for an instance whose deployments recorded `recorded` (its
     /// environment): the engine's settings with it merged over them. A record the engine's
     /// settings now refuse (a key since pinned) counts for nothing: the engine's settings hold.
-    pub(crate) fn recorded_configs(&self, recorded: &Json) -> settings::ProviderConfigs {
+    pub(crate) fn recorded_settings(&self, recorded: &Json) -> settings::Merged {
         let env =
             settings::Environment::from_json(recorded.get("environment").unwrap_or(&Json::Null))
                 .unwrap_or_default();
         match settings::merge(&self.config.settings, &env) {
-            Ok(m) => m.configs(),
+            Ok(m) => m,
             Err(e) => {
                 tracing::warn!(error = %e, "the instance's recorded environment no longer applies; using the engine's provider settings");
                 settings::merge(&self.config.settings, &settings::Environment::default())
-                    .map(|m| m.configs())
                     .unwrap_or_default()
             }
         }
@@ -442,7 +441,9 @@ impl Engine {
             errors: Vec::new(),
         };
         let instance_id = state.instance.id.as_str();
-        let configs = self.recorded_configs(&state.instance.environment);
+        let recorded = self.recorded_settings(&state.instance.environment);
+        let _secrets = crate::redact::hold(recorded.secret_texts());
+        let configs = recorded.configs();
         let configs = &configs;
         let reads = state.resources.iter().map(|r| async move {
             let observed = match r.status {

@@ -808,9 +808,9 @@ impl Engine {
             Err(e) => return Finish::failed(e.to_string()),
         };
         let _secrets = crate::redact::hold(state_values::instance_secrets(&state));
-        let _ = ctx
-            .configs
-            .set(self.recorded_configs(&state.instance.environment));
+        let recorded = self.recorded_settings(&state.instance.environment);
+        let _settings_secrets = crate::redact::hold(recorded.secret_texts());
+        let _ = ctx.configs.set(recorded.configs());
         let resources: Vec<&Resource> = state.resources.iter().collect();
         let (mut outcome, _) = exec::destroy_all(ctx, &resources, &state.links);
         // Children go after the resources that may depend on them.
@@ -850,9 +850,9 @@ impl Engine {
             Err(e) => return Finish::failed(e.to_string()),
         };
         let _secrets = crate::redact::hold(state_values::instance_secrets(&state));
-        let _ = ctx
-            .configs
-            .set(self.recorded_configs(&state.instance.environment));
+        let recorded = self.recorded_settings(&state.instance.environment);
+        let _settings_secrets = crate::redact::hold(recorded.secret_texts());
+        let _ = ctx.configs.set(recorded.configs());
         let errors = exec::reconcile_all(ctx, &state, accept, only);
         let after = ctx.rt.block_on(ctx.store.load_state(&inst));
         let settled = after.as_ref().is_ok_and(|s| {

@@ -117,6 +117,17 @@ impl fmt::Debug for ProviderSettings {
     }
 }
 
+impl EngineSettings {
+    /// Every secret text in the providers' settings, for redaction.
+    pub fn secret_texts(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in self.providers.values() {
+            state_values::secret_texts(&Json::Object(p.values.clone()), false, &mut out);
+        }
+        out
+    }
+}
+
 impl fmt::Debug for EngineSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EngineSettings")

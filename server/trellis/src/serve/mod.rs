@@ -99,6 +99,9 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         providers::confine_local(&mut settings, &cwd);
     }
     providers::check(&settings, &host).await?;
+    // The engine's own secrets (credentials in `[providers]`) are cut out of provider messages
+    // and plugin logs for as long as it runs.
+    let _settings_secrets = crate::redact::hold(settings.secret_texts());
     let remote_includes = RemoteIncludes::new(
         config.include_hosts.clone(),
         config.max_include_bytes,
