@@ -455,3 +455,38 @@ fn var_files_and_vars_override_the_environment_in_order() {
         "from-var"
     );
 }
+
+/// The README's example: one blueprint, two stages, two instances with their environments.
+#[test]
+fn the_example_stages_deploy_one_blueprint_twice() {
+    let dir = TempDir::new("cfg-examples");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    for f in ["local-app.yaml", "dev.yaml", "prod.yaml"] {
+        std::fs::copy(examples.join(f), dir.path().join(f)).unwrap();
+    }
+    let engine = Engine::start(dir.path());
+    for (instance, env) in [("shop-dev", "dev.yaml"), ("shop-prod", "prod.yaml")] {
+        let out = engine.cli(&[
+            "deploy",
+            "local-app.yaml",
+            "--instance",
+            instance,
+            "--env",
+            env,
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    }
+    let app = dir.path().join(".trellis-example");
+    // The stages' variables: dev lays out staging with one service, prod production with three.
+    assert!(app.join("staging/api.conf").exists());
+    assert!(!app.join("staging/worker.conf").exists());
+    assert!(app.join("production/scheduler.conf").exists());
+    // The dev injector sets the mode the blueprint leaves out; the blueprint's own wins.
+    assert_eq!(mode(&app.join("staging/DEBUG.txt")), 0o600);
+    assert_eq!(mode(&app.join("staging/api.conf")), 0o640);
+    let dev = engine.instance("shop-dev");
+    let prod = engine.instance("shop-prod");
+    assert_eq!(dev["environment"]["name"], "dev");
+    assert_eq!(prod["environment"]["name"], "prod");
+    assert_ne!(dev["environment"]["digest"], prod["environment"]["digest"]);
+}
