@@ -269,10 +269,12 @@ impl Engine {
                     error: Some(error),
                     ..Planned::default()
                 };
-                let plugins = &match engine.request_plugins(&planned_inputs.environment, plugins) {
-                    Ok(p) => p,
-                    Err(e) => return failed(e.to_string().into()),
-                };
+                let (plugins, _held) =
+                    match engine.request_plugins(&planned_inputs.environment, plugins) {
+                        Ok(p) => p,
+                        Err(e) => return failed(e.to_string().into()),
+                    };
+                let plugins = &plugins;
                 let mut prepared = prepare::prepare(&planned_inputs, max, plugins, &cwd);
                 if prepared.diags.has_errors() {
                     return failed(PlanFailure::invalid("", &prepared));

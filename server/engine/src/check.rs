@@ -214,7 +214,7 @@ impl Transforms for PluginContext<'_> {
     ) -> Result<pb::TransformResponse, String> {
         let client = self.host.transformer(name).map_err(message)?;
         self.rt
-            .block_on(client.transform(blueprint_json, &self.options(name)))
+            .block_on(client.transform(blueprint_json, &CallOptions::default()))
             .map_err(message)
     }
 }

@@ -311,7 +311,7 @@ impl Engine {
         let files = self.read_source(source)?;
         let max = self.config.max_input_size;
         self.with_plugins(move |engine, plugins| {
-            let plugins = engine.request_plugins(&environment, plugins)?;
+            let (plugins, _held) = engine.request_plugins(&environment, plugins)?;
             let scopes = settings::injector_scopes(&engine.config.settings, &environment);
             let additions = check::Additions {
                 injectors: &scopes,
@@ -342,11 +342,13 @@ impl Engine {
     /// The plugin context of a request with `environment`: the engine's provider config with
     /// the environment's merged over it, checked against the providers' config schemas and by
     /// each provider the environment configures (ValidateConfig).
+    /// The secrets of the merged settings are held (cut out of provider messages and plugin
+    /// logs) for as long as the returned guard lives.
     fn request_plugins<'a>(
         &self,
         environment: &settings::Environment,
         plugins: &PluginContext<'a>,
-    ) -> Result<PluginContext<'a>> {
+    ) -> Result<(PluginContext<'a>, crate::redact::Held)> {
         let invalid = EngineError::InvalidArgument;
         let merged = settings::merge(&self.config.settings, environment).map_err(invalid)?;
         let what = if environment.name.is_empty() {
@@ -355,8 +357,14 @@ impl Engine {
             format!("environment `{}`", environment.name)
         };
         settings::check_injectors(&what, &environment.injectors).map_err(invalid)?;
+        let held = crate::redact::hold(merged.secret_texts());
         for (ns, given) in &environment.providers {
             let Some(manifest) = plugins.manifests.provider(ns) else {
+                if plugins.host.provider(ns).is_ok() {
+                    return Err(invalid(format!(
+                        "{what}: `providers.{ns}`: provider `{ns}` is installed but could not be asked for its manifest (`trellis plugins list` says why)"
+                    )));
+                }
                 let installed: Vec<&str> = plugins.manifests.namespaces().collect();
                 return Err(invalid(format!(
                     "{what}: `providers.{ns}`: no provider `{ns}` is installed (installed: {})",
@@ -376,24 +384,23 @@ impl Engine {
                 ))
                 .map_err(invalid)?;
         }
-        Ok(plugins.with_configs(merged.configs()))
+        Ok((plugins.with_configs(merged.configs()), held))
     }
 
     /// The provider config of a run for an instance whose deployments recorded `recorded` (its
     /// environment): the engine's settings with it merged over them. A record the engine's
     /// settings now refuse (a key since pinned) counts for nothing: the engine's settings hold.
     pub(crate) fn recorded_settings(&self, recorded: &Json) -> settings::Merged {
-        let env =
-            settings::Environment::from_json(recorded.get("environment").unwrap_or(&Json::Null))
-                .unwrap_or_default();
-        match settings::merge(&self.config.settings, &env) {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "the instance's recorded environment no longer applies; using the engine's provider settings");
-                settings::merge(&self.config.settings, &settings::Environment::default())
-                    .unwrap_or_default()
-            }
+        let env = recorded.get("environment").unwrap_or(&Json::Null);
+        let env = settings::Environment::from_json(env).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the instance's recorded environment is unreadable; using the engine's provider settings");
+            settings::Environment::default()
+        });
+        let (merged, dropped) = settings::merge_recorded(&self.config.settings, &env);
+        if !dropped.is_empty() {
+            tracing::warn!(keys = ?dropped, "the engine pins keys the instance's recorded environment set; the engine's values apply");
         }
+        merged
     }
 
     // ---- reads ----------------------------------------------------------------------------

@@ -549,7 +549,8 @@ impl Engine {
         if inputs.digest() != digest {
             return Err("the change set's recorded inputs do not match its digest".into());
         }
-        self.run_settings(ctx, &inputs.environment)?;
+        let merged = self.run_settings(ctx, &inputs.environment)?;
+        let _held = crate::redact::hold(merged.secret_texts());
         let plugins = &plugins.with_configs(ctx.configs());
         let plan = body.plan;
         let cwd = self.config.cwd.display().to_string();
@@ -620,17 +621,6 @@ impl Engine {
             Err(e) => return fail(e),
         };
         let plugins = &plugins.with_configs(ctx.configs());
-        // The instance records the environment it is deployed with, before any provider call:
-        // destroy, drift and reconcile use it again.
-        let record = json!({
-            "environment": inputs.environment.to_json(),
-            "providers": merged.providers,
-        });
-        if before.instance.environment != record
-            && let Err(e) = ctx.commit_blocking(vec![Change::InstanceEnvironment(record)], vec![])
-        {
-            return fail(format!("state store: {e}"));
-        }
         // Provider failures and plugin logs are cleaned of this deploy's secrets while it runs
         // (its children's and links' calls and its rollback included): see `crate::redact`.
         let mut secrets = prepared.evaluation.secret_texts();
@@ -642,6 +632,18 @@ impl Engine {
                 "the blueprint no longer validates with the installed plugins:\n{}",
                 prepared.errors_text()
             ));
+        }
+        // The instance records the environment it is deployed with, before any provider call
+        // (destroy, drift and reconcile use it again), and the provider settings it used (for
+        // display: no secret value).
+        let record = json!({
+            "environment": inputs.environment.to_json(),
+            "providers": merged.record_json(),
+        });
+        if before.instance.environment != record
+            && let Err(e) = ctx.commit_blocking(vec![Change::InstanceEnvironment(record)], vec![])
+        {
+            return fail(format!("state store: {e}"));
         }
         prepared.read_links(&before);
         let can_roll_back = |engine: &Engine| rollback_on_failure && !engine.drained(ctx);

@@ -61,8 +61,8 @@ impl Environment {
         *self == Environment::default()
     }
 
-    /// The file's digest when given, else a digest of the structured fields (secret values
-    /// replaced by their own digest, so the record does not hold them in the clear).
+    /// The file's digest when given, else a digest of the structured fields (secret values left
+    /// out: the digest names the environment, not its secrets).
     pub fn digest(&self) -> String {
         if !self.file_digest.is_empty() || self.is_empty() {
             return self.file_digest.clone();
@@ -137,14 +137,12 @@ impl fmt::Debug for EngineSettings {
     }
 }
 
-/// `v` with each secret replaced by a digest of it.
+/// `v` with each secret's value left out (its mark kept): a digest of a low-entropy secret
+/// would let anyone who sees it guess the secret.
 fn hashed(v: &Json) -> Json {
     match v {
         Json::Object(o) => match sensitive_inner(v) {
-            Some(inner) => Json::String(format!(
-                "sha256:{}",
-                trellis_ids::sha256_hex(inner.to_string().as_bytes())
-            )),
+            Some(_) => state_values::mark_secret(Json::Null),
             None => Json::Object(o.iter().map(|(k, v)| (k.clone(), hashed(v))).collect()),
         },
         Json::Array(items) => Json::Array(items.iter().map(hashed).collect()),
@@ -194,7 +192,13 @@ impl Merged {
         ))
     }
 
-    /// For the instance record and API answers: secrets masked.
+    /// For the instance record: each secret's value left out, its mark kept (API answers show
+    /// it as sensitive).
+    pub fn record_json(&self) -> Json {
+        hashed(&serde_json::to_value(&self.providers).unwrap_or(Json::Null))
+    }
+
+    /// For logs: secrets masked.
     pub fn masked_json(&self) -> Json {
         state_values::masked(&serde_json::to_value(&self.providers).unwrap_or(Json::Null))
     }
@@ -232,6 +236,33 @@ pub fn merge(engine: &EngineSettings, env: &Environment) -> Result<Merged, Strin
         }
     }
     Ok(Merged { providers })
+}
+
+/// Merges an instance's recorded environment over `engine`: keys the engine has pinned since
+/// are the engine's (returned, for a warning); the rest of the record still applies.
+pub fn merge_recorded(engine: &EngineSettings, recorded: &Environment) -> (Merged, Vec<String>) {
+    let mut env = recorded.clone();
+    let mut dropped = Vec::new();
+    for (ns, over) in &mut env.providers {
+        if let Some(p) = engine.providers.get(ns) {
+            over.retain(|k, _| {
+                let pinned = p.pinned.contains(k);
+                if pinned {
+                    dropped.push(format!("providers.{ns}.{k}"));
+                }
+                !pinned
+            });
+        }
+    }
+    match merge(engine, &env) {
+        Ok(m) => (m, dropped),
+        // Only pins can refuse a merge, and they were removed; literal checks were passed
+        // when the environment was first given.
+        Err(_) => (
+            merge(engine, &Environment::default()).unwrap_or_default(),
+            dropped,
+        ),
+    }
 }
 
 fn env_label(env: &Environment) -> String {
@@ -391,7 +422,9 @@ pub async fn validate_with_provider(
             } else {
                 format!(" [{}]", d.code)
             };
-            format!("{what}: `{at}`{code}: {}", d.message)
+            // A provider may quote a value it was sent; the caller holds the secrets.
+            let message = crate::redact::scrub(&d.message);
+            format!("{what}: `{at}`{code}: {message}")
         })
         .collect();
     if errors.is_empty() {
@@ -474,6 +507,34 @@ mod tests {
         assert!(!format!("{e:?}").contains("hunter2"));
         let back = Environment::from_json(&e.to_json()).expect("read back");
         assert_eq!(back, e);
+    }
+
+    #[test]
+    fn a_recorded_environment_loses_only_the_keys_pinned_since() {
+        let recorded = env(json!({"local": {"root": "/", "opts": {"b": 9}}}));
+        let (m, dropped) = merge_recorded(&engine(), &recorded);
+        assert_eq!(dropped, ["providers.local.root"]);
+        assert_eq!(
+            Json::Object(m.providers["local"].clone()),
+            json!({"root": "/srv", "opts": {"a": 1, "b": 9}})
+        );
+    }
+
+    #[test]
+    fn the_record_keeps_no_secret_value() {
+        let e = env(json!({"aws": {"key": {"$sensitive": "hunter2"}}}));
+        let m = merge(&engine(), &e).expect("merge");
+        let record = m.record_json();
+        assert!(!record.to_string().contains("hunter2"));
+        assert!(state_values::holds_secret(&record));
+        assert!(
+            !Environment {
+                file_digest: String::new(),
+                ..e
+            }
+            .digest()
+            .is_empty()
+        );
     }
 
     #[test]

@@ -98,10 +98,10 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     if host.provider("local").is_ok() {
         providers::confine_local(&mut settings, &cwd);
     }
-    providers::check(&settings, &host).await?;
     // The engine's own secrets (credentials in `[providers]`) are cut out of provider messages
-    // and plugin logs for as long as it runs.
+    // and plugin logs for as long as it runs, its startup check included.
     let _settings_secrets = crate::redact::hold(settings.secret_texts());
+    providers::check(&settings, &host).await?;
     let remote_includes = RemoteIncludes::new(
         config.include_hosts.clone(),
         config.max_include_bytes,
