@@ -52,11 +52,29 @@ pub(super) fn read(
         let toml::Value::Table(_) = &table else {
             return Err(at(&key, "must be a table of spec fields"));
         };
+        if holds_secret_ref(&table) {
+            return Err(at(
+                &key,
+                "holds a secret (`fromEnv`/`fromFile`); injected values are shown in plans",
+            ));
+        }
         let value = to_json(table, &key, dir, &|_| None).map_err(|why| at(&key, &why))?;
         out.injectors.insert(ty, value);
     }
     settings::check_injectors(&format!("{}", file.display()), &out.injectors)?;
     Ok(out)
+}
+
+fn holds_secret_ref(v: &toml::Value) -> bool {
+    match v {
+        toml::Value::Table(t) => {
+            t.contains_key("fromEnv")
+                || t.contains_key("fromFile")
+                || t.values().any(holds_secret_ref)
+        }
+        toml::Value::Array(items) => items.iter().any(holds_secret_ref),
+        _ => false,
+    }
 }
 
 fn pinned(v: toml::Value) -> Result<Vec<String>, String> {
