@@ -185,32 +185,26 @@ impl Engine {
         if let Some(why) = names::instance_name_problem(instance) {
             return Err(EngineError::InvalidArgument(why));
         }
-        let injectors = self.config.settings.injectors.clone();
-        if request_id.is_empty() {
-            return self
-                .create_change_set_in(
-                    instance,
-                    source,
-                    variables,
-                    (environment, injectors),
-                    Vec::new(),
-                    None,
-                    None,
-                )
-                .await;
-        }
-        let key = RequestKey {
+        let key = (!request_id.is_empty()).then(|| RequestKey {
             id: request_id.to_owned(),
             digest: plan_request_digest(instance, &source, &variables, &environment),
-        };
+        });
         // Identical requests arriving together take turns: the second finds the first's
         // change set instead of planning again. Keyed apart from operations' ids.
-        let ticket = self.starting(&format!("plan\u{0}{request_id}"));
-        let _one_at_a_time = ticket.lock.lock().await;
-        if let Some(cs) = self.store.find_change_set(&key).await? {
+        let ticket = key
+            .as_ref()
+            .map(|_| self.starting(&format!("plan\u{0}{request_id}")));
+        let _one_at_a_time = match &ticket {
+            Some(t) => Some(t.lock.lock().await),
+            None => None,
+        };
+        if let Some(key) = &key
+            && let Some(cs) = self.store.find_change_set(key).await?
+        {
             let inst = self.store.get_instance(&cs.instance_id).await?;
             return Ok(view(cs, inst.name));
         }
+        let injectors = self.config.settings.injectors.clone();
         self.create_change_set_in(
             instance,
             source,
@@ -218,7 +212,7 @@ impl Engine {
             (environment, injectors),
             Vec::new(),
             None,
-            Some(key),
+            key,
         )
         .await
     }

@@ -159,6 +159,11 @@ impl ProviderConfigs {
     pub fn get(&self, namespace: &str) -> Option<pb::Value> {
         self.0.get(namespace).cloned()
     }
+
+    /// Every namespace's config.
+    pub fn to_map(&self) -> HashMap<String, pb::Value> {
+        (*self.0).clone()
+    }
 }
 
 impl fmt::Debug for ProviderConfigs {

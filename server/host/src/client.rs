@@ -266,7 +266,15 @@ impl Caller {
             if !opts.instance_id.is_empty() {
                 ctx.instance_id = opts.instance_id.clone();
             }
-            if let Some(cfg) = &opts.provider_config {
+            // A call made without a request's config (a plugin calling another's function
+            // through the host, the CLI) still carries the engine's settings for a provider.
+            let fallback = || {
+                (self.slot.binary.kind == super::discovery::PluginKind::Provider)
+                    .then(|| self.slot.shared.default_configs.get())
+                    .flatten()
+                    .and_then(|m| m.get(self.slot.name()))
+            };
+            if let Some(cfg) = opts.provider_config.as_ref().or_else(fallback) {
                 ctx.provider_config = Some(cfg.clone());
             }
         }

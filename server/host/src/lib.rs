@@ -43,6 +43,7 @@ mod supervisor;
 mod util;
 pub mod values;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -145,6 +146,13 @@ impl PluginHost {
                 name: name.to_owned(),
                 searched: self.inner.searched.clone(),
             })
+    }
+
+    /// The provider config sent with every call to a provider whose caller gives none (a
+    /// plugin calling a function through the host, for one), by namespace. Set once; later
+    /// calls are ignored.
+    pub fn set_default_configs(&self, configs: HashMap<String, pb::Value>) {
+        let _ = self.inner.shared.default_configs.set(configs);
     }
 
     /// The provider for a namespace (not started until first used).

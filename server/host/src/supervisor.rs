@@ -51,6 +51,9 @@ pub(crate) struct Shared {
     /// Every process not yet cleaned up, for the last-resort kill on drop.
     processes: Mutex<HashMap<u64, Weak<Process>>>,
     next_instance: AtomicU64,
+    /// The provider config a call to a provider carries when its caller gives none (the
+    /// engine's own settings), by namespace; set once.
+    pub default_configs: std::sync::OnceLock<HashMap<String, pb::Value>>,
 }
 
 impl Shared {
@@ -68,6 +71,7 @@ impl Shared {
             inner,
             processes: Mutex::new(HashMap::new()),
             next_instance: AtomicU64::new(1),
+            default_configs: std::sync::OnceLock::new(),
         }
     }
 

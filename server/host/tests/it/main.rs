@@ -2,6 +2,7 @@
 //! for interop).
 
 mod crash_loop;
+mod default_configs;
 mod fixtures;
 mod interop;
 mod plugins_common;

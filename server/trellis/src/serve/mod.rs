@@ -26,6 +26,7 @@ use tonic::transport::{Identity, ServerTlsConfig};
 
 use crate::engine::provision::PluginProvisioner;
 use crate::engine::remote::RemoteIncludes;
+use crate::engine::settings;
 use crate::engine::{Engine, EngineConfig};
 use crate::plugins::{HostConfig, PluginHost};
 use crate::state::{RetentionPolicy, SqliteStore, StateStore};
@@ -102,6 +103,13 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     // and plugin logs for as long as it runs, its startup check included.
     let _settings_secrets = crate::redact::hold(settings.secret_texts());
     providers::check(&settings, &host).await?;
+    // Calls made without a request's settings (a plugin calling another's function through
+    // the host) carry the engine's.
+    host.set_default_configs(
+        settings::merge(&settings, &Default::default())
+            .map(|m| m.configs().to_map())
+            .unwrap_or_default(),
+    );
     let remote_includes = RemoteIncludes::new(
         config.include_hosts.clone(),
         config.max_include_bytes,

@@ -390,16 +390,19 @@ fn unknown_namespaces_and_keys_are_clear_errors() {
         &dir.path().join("ns.yaml"),
         "name: n\nproviders:\n  nope:\n    a: 1\n",
     );
-    let text = all_output(&engine.cli(&[
-        "plan",
-        "bp.yaml",
-        "--instance",
-        "u",
-        "--env",
-        "ns.yaml",
-        "--var",
-        "token=t",
-    ]));
+    let plan_with = |env: &str| {
+        all_output(&engine.cli(&[
+            "plan",
+            "bp.yaml",
+            "--instance",
+            "u",
+            "--env",
+            env,
+            "--var",
+            "token=t",
+        ]))
+    };
+    let text = plan_with("ns.yaml");
     assert!(
         text.contains("environment `n`: `providers.nope`: no provider `nope` is installed"),
         "{text}"
@@ -408,16 +411,7 @@ fn unknown_namespaces_and_keys_are_clear_errors() {
         &dir.path().join("key.yaml"),
         "name: k\nproviders:\n  local:\n    rooot: /x\n",
     );
-    let text = all_output(&engine.cli(&[
-        "plan",
-        "bp.yaml",
-        "--instance",
-        "u",
-        "--env",
-        "key.yaml",
-        "--var",
-        "token=t",
-    ]));
+    let text = plan_with("key.yaml");
     assert!(
         text.contains(
             "environment `k`: `providers.local.rooot`: provider `local` has no config key"
