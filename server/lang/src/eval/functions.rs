@@ -512,12 +512,23 @@ fn fromjson(a: &Args) -> Result<Value, FnError> {
     Ok(Value::from_json(found))
 }
 
-/// Resolves an RFC 6901 JSON pointer. A missing value is an error, as is a
-/// malformed pointer or array index.
+/// Resolves an RFC 6901 JSON pointer, in its string form (`/a/b`) or its URI
+/// fragment form (`#/a/b`, percent-decoded). A missing value is an error, as is
+/// a malformed pointer or array index.
 fn resolve_pointer<'j>(
     doc: &'j serde_json::Value,
     pointer: &str,
 ) -> Result<&'j serde_json::Value, String> {
+    let decoded;
+    let pointer = match pointer.strip_prefix('#') {
+        Some(fragment) => {
+            decoded = percent_decode(fragment).ok_or_else(|| {
+                format!("invalid JSON pointer \"{pointer}\": a `%` must start a percent-encoded UTF-8 byte (`%2F`)")
+            })?;
+            decoded.as_str()
+        }
+        None => pointer,
+    };
     if pointer.is_empty() {
         return Ok(doc);
     }
@@ -552,6 +563,25 @@ fn resolve_pointer<'j>(
         })?;
     }
     Ok(current)
+}
+
+/// `%XX` escapes decoded (RFC 3986); `None` for a malformed escape or bytes
+/// that are not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// `~1` is `/` and `~0` is `~`; decoding left to right keeps `~01` as `~1`.
