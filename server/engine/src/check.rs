@@ -289,12 +289,12 @@ pub fn check_source(
     let transformed = if original.transform.is_empty() {
         None
     } else {
-        let names: Vec<String> = original.transform.iter().map(|t| t.value.clone()).collect();
-        let span = original
+        let names: Vec<(String, Span)> = original
             .transform
-            .first()
-            .map_or(Span::new(file, 0, 0), |t| t.span);
-        match transform::run(sources, &root, span, &names, plugins, &mut local) {
+            .iter()
+            .map(|t| (t.value.clone(), t.span))
+            .collect();
+        match transform::run(sources, &root, &names, plugins, &mut local) {
             Some(t) => Some(t),
             None => {
                 finish(local, diags);

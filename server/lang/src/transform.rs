@@ -84,8 +84,7 @@ fn locate(root: &Node, path: Option<&pb::AttributePath>) -> Span {
 pub fn run(
     sources: &mut SourceMap,
     original: &Node,
-    transform_span: Span,
-    names: &[String],
+    names: &[(String, Span)],
     transforms: &dyn Transforms,
     diags: &mut Diagnostics,
 ) -> Option<Transformed> {
@@ -93,7 +92,9 @@ pub fn run(
     let mut current_json = to_json(original).to_string();
     let mut derivations = Vec::new();
     let mut result: Option<(FileId, Node)> = None;
-    for name in names {
+    // A problem with one transform points at its own entry in `transform`.
+    for (name, transform_span) in names {
+        let transform_span = *transform_span;
         let response = match transforms.transform(name, current_json) {
             Ok(r) => r,
             Err(message) => {

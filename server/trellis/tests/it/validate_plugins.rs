@@ -188,6 +188,26 @@ fn a_missing_transformer_is_reported_at_the_transform_field() {
 }
 
 #[test]
+fn a_missing_transformer_is_reported_at_its_own_entry() {
+    let root = TempDir::new("validate-second-transform");
+    let plugins = plugin_dir(&root);
+    let file = root.join("bp.yaml");
+    std::fs::write(
+        &file,
+        "version: 2023-04-20\ntransform:\n  - celerity-2023-04-20\n  - nope-2024\nresources:\n  a:\n    type: local/file\n    spec: {path: /tmp/a}\n",
+    )
+    .unwrap();
+    let (code, diags, messages) = validate(&root, &plugins, &file);
+    // The second entry is the one missing: line 4, not the first entry's line 3.
+    assert_eq!(
+        (code, diags),
+        (Some(1), vec![("T0814".to_owned(), 4)]),
+        "{messages:#?}"
+    );
+    assert!(messages[0].contains("nope-2024"));
+}
+
+#[test]
 fn provider_functions_are_callable_from_eval() {
     let root = TempDir::new("eval-provider-fn");
     let plugins = plugin_dir(&root);
