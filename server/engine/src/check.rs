@@ -321,6 +321,7 @@ pub fn check_source(
         functions: &functions,
         providers: Some(&plugins.manifests),
         variables,
+        unchecked_functions: false,
     };
     let src = sources.get(vfile);
     let mut bp = crate::blueprint::load(vroot, src, vfile, &mut local);

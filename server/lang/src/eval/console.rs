@@ -94,6 +94,7 @@ impl<'p> Console<'p> {
             functions,
             providers: None,
             variables: vars,
+            unchecked_functions: false,
         };
         let external = plugins.map(|p| p.functions);
         match blueprint {
@@ -156,6 +157,7 @@ impl<'p> Console<'p> {
                 functions,
                 providers: None,
                 variables: &self.vars,
+                unchecked_functions: false,
             };
             validate::check_template(&self.blueprint, &opts, &t, &mut local);
         }

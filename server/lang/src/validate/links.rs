@@ -732,6 +732,7 @@ fn check_cycles(
         functions,
         providers: None,
         variables: &[],
+        unchecked_functions: false,
     };
     let src = SourceFile::new("", String::new());
     let graph = refs::check(bp, &src, &opts, &mut Diagnostics::default());

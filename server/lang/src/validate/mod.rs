@@ -45,6 +45,9 @@ pub struct Options<'a> {
     pub providers: Option<&'a dyn ProviderChecks>,
     /// Variable values supplied by the caller (`--var name=value`), as text.
     pub variables: &'a [(String, String)],
+    /// Provider functions are not known (`trellis validate --skip-provider-checks`): a call to
+    /// a function `functions` lacks is a warning (it may be a provider's), not an error.
+    pub unchecked_functions: bool,
 }
 
 impl Default for Options<'_> {
@@ -53,6 +56,7 @@ impl Default for Options<'_> {
             functions: &CoreFunctions,
             providers: None,
             variables: &[],
+            unchecked_functions: false,
         }
     }
 }

@@ -593,6 +593,7 @@ mod tests {
             functions: &functions,
             providers: Some(&m),
             variables: &[],
+            unchecked_functions: false,
         };
         let mut sources = SourceMap::new();
         let mut diags = Diagnostics::default();

@@ -486,12 +486,26 @@ impl<'a, 'o> Checker<'a, 'o> {
                         let names = self.opts.functions.names();
                         let hint = did_you_mean(&name.text, names.iter().copied())
                             .map(|s| format!("did you mean `{s}`?"));
-                        self.push(
-                            &codes::UNKNOWN_FUNCTION,
-                            name.span,
-                            format!("unknown function `{}`", name.text),
-                            hint,
-                        );
+                        if self.opts.unchecked_functions {
+                            let mut d = Diagnostic::new(
+                                &codes::UNKNOWN_FUNCTION,
+                                name.span,
+                                format!(
+                                    "function `{}` is not checked: it is not a core function and may be a provider function (provider checks were skipped)",
+                                    name.text
+                                ),
+                            );
+                            d.severity = crate::diag::Severity::Warning;
+                            d.hint = hint;
+                            self.diags.push(d);
+                        } else {
+                            self.push(
+                                &codes::UNKNOWN_FUNCTION,
+                                name.span,
+                                format!("unknown function `{}`", name.text),
+                                hint,
+                            );
+                        }
                     }
                     Some(sig) => {
                         let n = args.len();

@@ -121,7 +121,8 @@ pub struct ValidateArgs {
     pub inputs: inputs::InputArgs,
     /// Skip everything that needs plugins: resource and data source types,
     /// spec schemas, provider validation, custom variable types, provider
-    /// functions and `transform:`. Validation then needs no plugin installed.
+    /// functions and `transform:`. Validation then needs no plugin installed; a call to a
+    /// function that is not a core one is a warning (it may be a provider's).
     #[arg(long)]
     pub skip_provider_checks: bool,
     #[command(flatten)]
@@ -220,6 +221,8 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
         functions: &CoreFunctions,
         providers: None,
         variables: &variables,
+        // Only used with --skip-provider-checks: provider functions are unknown then.
+        unchecked_functions: true,
     };
     let mut report = Report {
         sources: SourceMap::new(),

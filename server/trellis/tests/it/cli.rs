@@ -44,6 +44,42 @@ fn the_eval_example_is_statically_valid() {
     assert!(stdout(&out).contains("ok: 1 file valid"));
 }
 
+/// With provider checks skipped, provider functions are unknown: a call to a function that is
+/// not a core one is a warning (it may be a provider's). With the checks it is an error (the
+/// conformance corpus, which validates with core functions only, holds those cases).
+#[test]
+fn unknown_functions_are_warnings_when_provider_checks_are_skipped() {
+    let dir = temp_dir("unchecked-fn");
+    let path = write(
+        &dir,
+        "bp.yaml",
+        "version: 2023-04-20\nresources:\n  a:\n    type: x/y\n    spec:\n      n: ${sha256(\"x\")}\n",
+    );
+    let out = trellis()
+        .args(["validate", "--skip-provider-checks", &path])
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("warning[T0510]"), "{text}");
+    assert!(text.contains("may be a provider function"), "{text}");
+    let out = trellis()
+        .args([
+            "validate",
+            "--skip-provider-checks",
+            "--format",
+            "json",
+            &path,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains("\"severity\":\"warning\""),
+        "{}",
+        stdout(&out)
+    );
+}
+
 #[test]
 fn errors_exit_1_with_rustc_style_text() {
     let dir = temp_dir("text");

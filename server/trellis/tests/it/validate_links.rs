@@ -99,6 +99,7 @@ fn check(text: &str) -> (Vec<(&'static str, u32, Severity)>, Vec<String>) {
         functions: &functions,
         providers: Some(&m),
         variables: &[],
+        unchecked_functions: false,
     };
     let mut sources = SourceMap::new();
     let mut diags = Diagnostics::default();
