@@ -8,7 +8,7 @@ use crate::blueprint::article_of;
 use crate::blueprint::{Blueprint, Resource, Spanned, TKind};
 use crate::diag::{Code, Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::source::{SourceFile, Span};
-use crate::subst::{Accessor, Expr, ExprKind, Name, SpanMap, Template, parse_expression};
+use crate::subst::{Accessor, Expr, ExprKind, Literal, Name, SpanMap, Template, parse_expression};
 use std::collections::HashMap;
 
 /// The things that can depend on each other, numbered in declaration order:
@@ -546,6 +546,13 @@ impl<'a, 'o> Checker<'a, 'o> {
                         }
                     }
                 }
+                if name.text == "link" {
+                    for a in args {
+                        if let ExprKind::Lit(Literal::Str(s)) = &a.value.kind {
+                            self.link_name(s, a.value.span);
+                        }
+                    }
+                }
                 let inner = Ctx {
                     arg_of: Some(name.text.as_str()),
                     ..ctx
@@ -555,6 +562,31 @@ impl<'a, 'o> Checker<'a, 'o> {
                 }
             }
         }
+    }
+
+    /// A resource named by a string in `link("a", "b")`: a resource of the blueprint, or an
+    /// element (`name_<i>`) of a template with `each`.
+    fn link_name(&mut self, text: &str, span: Span) {
+        let names_resource = |name: &str| self.resources.contains_key(name);
+        let element_of_each = text.rsplit_once('_').is_some_and(|(template, index)| {
+            !index.is_empty()
+                && index.bytes().all(|b| b.is_ascii_digit())
+                && self
+                    .resources
+                    .get(template)
+                    .is_some_and(|&i| self.bp.resources[i].has_each)
+        });
+        if names_resource(text) || element_of_each {
+            return;
+        }
+        let hint = did_you_mean(text, self.resources.keys().map(|k| k.as_ref()))
+            .map(|s| format!("did you mean `{s}`?"));
+        self.push(
+            &codes::UNKNOWN_RESOURCE,
+            span,
+            format!("`link` names `{text}`, which is not a resource of this blueprint"),
+            hint,
+        );
     }
 
     fn resource_ref(
