@@ -8,7 +8,9 @@ use crate::blueprint::article_of;
 use crate::blueprint::{Blueprint, Resource, Spanned, TKind};
 use crate::diag::{Code, Diagnostic, Diagnostics, codes, did_you_mean};
 use crate::source::{SourceFile, Span};
-use crate::subst::{Accessor, Expr, ExprKind, Literal, Name, SpanMap, Template, parse_expression};
+use crate::subst::{
+    Accessor, Expr, ExprKind, Literal, Name, Part, SpanMap, Template, parse_expression,
+};
 use std::collections::HashMap;
 
 /// The things that can depend on each other, numbered in declaration order:
@@ -727,10 +729,105 @@ impl<'a, 'o> Checker<'a, 'o> {
             self.push(&codes::RESOURCE_FIELD, span, msg, hint);
             return;
         }
-        if let (Some(Accessor::Field(f)), Some(Accessor::Field(g))) = (rest.first(), rest.get(1))
-            && f.text == "spec"
-        {
-            self.spec_field_ref(r, g);
+        if let (Some(Accessor::Field(f)), Some(Accessor::Field(g))) = (rest.first(), rest.get(1)) {
+            match f.text.as_str() {
+                "spec" => self.spec_field_ref(r, g),
+                "metadata" => self.metadata_ref(r, g, &rest[2..]),
+                _ => {}
+            }
+        }
+    }
+
+    /// `resources.x.metadata.<g>..`: the display name and label values are strings, and a
+    /// label or annotation read must be one the resource has (the blueprint alone decides
+    /// both, so validation says so rather than the plan).
+    fn metadata_ref(&mut self, r: &Resource, g: &Name, rest: &[Accessor]) {
+        let md = &r.metadata;
+        let string_has_no_parts = |this: &mut Self, what: &str, at: &Accessor| {
+            this.push(
+                &codes::RESOURCE_FIELD,
+                at.span(),
+                format!(
+                    "{what} of resource `{}` is a string: it has no fields or elements",
+                    r.name.value
+                ),
+                None,
+            );
+        };
+        match g.text.as_str() {
+            "displayName" => {
+                if let Some(a) = rest.first() {
+                    string_has_no_parts(self, "`metadata.displayName`", a);
+                }
+            }
+            "labels" | "annotations" => {
+                let Some(Accessor::Field(key)) = rest.first() else {
+                    return;
+                };
+                let keys: Vec<&str> = if g.text == "labels" {
+                    md.labels.iter().map(|(k, _)| k.name.as_str()).collect()
+                } else {
+                    md.annotations
+                        .iter()
+                        .map(|(k, _)| k.name.as_str())
+                        .collect()
+                };
+                if !keys.contains(&key.text.as_str()) {
+                    self.push(
+                        &codes::RESOURCE_FIELD,
+                        key.span,
+                        format!(
+                            "resource `{}` has no {} `{}`",
+                            r.name.value,
+                            if g.text == "labels" {
+                                "label"
+                            } else {
+                                "annotation"
+                            },
+                            key.text
+                        ),
+                        did_you_mean(&key.text, keys.iter().copied())
+                            .map(|s| format!("did you mean `{s}`?")),
+                    );
+                    return;
+                }
+                let Some(deeper) = rest.get(1) else { return };
+                // A label is a string; an annotation written as a plain scalar has no parts
+                // either (one computed by `${..}` may be anything).
+                let plain = if g.text == "labels" {
+                    true
+                } else {
+                    md.annotations
+                        .iter()
+                        .find(|(k, _)| k.name == key.text)
+                        .is_some_and(|(_, v)| match &v.kind {
+                            TKind::List(_) | TKind::Map(_) => false,
+                            TKind::Str(t) => t.parts.iter().all(|p| matches!(p, Part::Lit(_))),
+                            _ => true,
+                        })
+                };
+                if plain {
+                    let what = format!(
+                        "{} `{}`",
+                        if g.text == "labels" {
+                            "label"
+                        } else {
+                            "annotation"
+                        },
+                        key.text
+                    );
+                    self.push(
+                        &codes::RESOURCE_FIELD,
+                        deeper.span(),
+                        format!(
+                            "{what} of resource `{}` is a scalar: it has no fields or elements",
+                            r.name.value
+                        ),
+                        None,
+                    );
+                }
+            }
+            _ => {}
         }
     }
 
