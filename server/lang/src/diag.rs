@@ -111,7 +111,7 @@ registry! {
     UNKNOWN_RESOURCE = "T0506" "unknown-resource" Error "A reference names a resource (or function) that does not exist.";
     UNKNOWN_CHILD = "T0507" "unknown-child" Error "A reference names a child blueprint that is not included.";
     ELEM_OUTSIDE_EACH = "T0508" "elem-outside-each" Error "`elem` or `i` is used outside a resource with `each`.";
-    RESOURCE_FIELD = "T0509" "resource-field" Error "A resource reference must go through `.spec`, `.state` or `.metadata.{displayName,labels,annotations,custom}`.";
+    RESOURCE_FIELD = "T0509" "resource-field" Error "A resource reference must go through `.spec`, `.state` or `.metadata.{displayName,labels,annotations,custom}`, to a label or annotation the resource has, and not into a string.";
     UNKNOWN_FUNCTION = "T0510" "unknown-function" Error "A call names a function that is not defined.";
     FUNCTION_ARITY = "T0511" "function-arity" Error "A function is called with the wrong number of arguments.";
     RESOURCE_INDEX = "T0512" "resource-index" Error "A resource is indexed (`[n]`) but has no `each`, or an `each` resource is used without an index.";
