@@ -358,32 +358,19 @@ impl Engine {
         };
         settings::check_injectors(&what, &environment.injectors).map_err(invalid)?;
         let held = crate::redact::hold(merged.secret_texts());
-        for (ns, given) in &environment.providers {
-            let Some(manifest) = plugins.manifests.provider(ns) else {
-                if plugins.host.provider(ns).is_ok() {
-                    return Err(invalid(format!(
-                        "{what}: `providers.{ns}`: provider `{ns}` is installed but could not be asked for its manifest (`trellis plugins list` says why)"
-                    )));
-                }
-                let installed: Vec<&str> = plugins.manifests.namespaces().collect();
-                return Err(invalid(format!(
-                    "{what}: `providers.{ns}`: no provider `{ns}` is installed (installed: {})",
-                    installed.join(", ")
-                )));
-            };
-            settings::check_keys(&what, ns, given, manifest.config_schema.as_ref())
-                .map_err(invalid)?;
-            let config = merged.providers.get(ns).cloned().unwrap_or_default();
-            plugins
-                .rt
-                .block_on(settings::validate_with_provider(
-                    plugins.host,
-                    &what,
-                    ns,
-                    &config,
-                ))
-                .map_err(invalid)?;
-        }
+        let empty = serde_json::Map::new();
+        let entries: Vec<_> = environment
+            .providers
+            .iter()
+            .map(|(ns, given)| {
+                let whole = merged.providers.get(ns).unwrap_or(&empty);
+                (ns.as_str(), given, whole)
+            })
+            .collect();
+        plugins
+            .rt
+            .block_on(settings::check_providers(plugins.host, &what, &entries))
+            .map_err(invalid)?;
         Ok((plugins.with_configs(merged.configs()), held))
     }
 

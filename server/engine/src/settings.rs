@@ -20,6 +20,9 @@ use trellis_proto::plugin::v1 as pb;
 use crate::inject::InjectorScope;
 use crate::state_values::{self, sensitive_inner};
 
+/// A provider's config: keys to values (secrets wrapped).
+pub type Table = Map<String, Json>;
+
 /// One provider's table in the engine's config.
 #[derive(Clone, Default, PartialEq)]
 pub struct ProviderSettings {
@@ -67,9 +70,14 @@ impl Environment {
         if !self.file_digest.is_empty() || self.is_empty() {
             return self.file_digest.clone();
         }
+        let providers: Map<String, Json> = self
+            .providers
+            .iter()
+            .map(|(k, v)| (k.clone(), without_secret_values(&Json::Object(v.clone()))))
+            .collect();
         let shown = json!({
             "name": self.name,
-            "providers": self.providers.iter().map(|(k, v)| (k.clone(), hashed(&Json::Object(v.clone())))).collect::<Map<_, _>>(),
+            "providers": providers,
             "injectors": self.injectors,
             "secretVariables": self.secret_variables,
         });
@@ -120,12 +128,19 @@ impl fmt::Debug for ProviderSettings {
 impl EngineSettings {
     /// Every secret text in the providers' settings, for redaction.
     pub fn secret_texts(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for p in self.providers.values() {
-            state_values::secret_texts(&Json::Object(p.values.clone()), false, &mut out);
-        }
-        out
+        secret_texts(self.providers.values().map(|p| &p.values))
     }
+}
+
+/// The secret texts in provider config tables.
+fn secret_texts<'m>(tables: impl Iterator<Item = &'m Map<String, Json>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in tables {
+        for v in t.values() {
+            state_values::secret_texts(v, false, &mut out);
+        }
+    }
+    out
 }
 
 impl fmt::Debug for EngineSettings {
@@ -139,13 +154,17 @@ impl fmt::Debug for EngineSettings {
 
 /// `v` with each secret's value left out (its mark kept): a digest of a low-entropy secret
 /// would let anyone who sees it guess the secret.
-fn hashed(v: &Json) -> Json {
+fn without_secret_values(v: &Json) -> Json {
     match v {
         Json::Object(o) => match sensitive_inner(v) {
             Some(_) => state_values::mark_secret(Json::Null),
-            None => Json::Object(o.iter().map(|(k, v)| (k.clone(), hashed(v))).collect()),
+            None => Json::Object(
+                o.iter()
+                    .map(|(k, v)| (k.clone(), without_secret_values(v)))
+                    .collect(),
+            ),
         },
-        Json::Array(items) => Json::Array(items.iter().map(hashed).collect()),
+        Json::Array(items) => Json::Array(items.iter().map(without_secret_values).collect()),
         other => other.clone(),
     }
 }
@@ -200,7 +219,7 @@ impl Merged {
     /// For the instance record: each secret's value left out, its mark kept (API answers show
     /// it as sensitive).
     pub fn record_json(&self) -> Json {
-        hashed(&serde_json::to_value(&self.providers).unwrap_or(Json::Null))
+        without_secret_values(&serde_json::to_value(&self.providers).unwrap_or(Json::Null))
     }
 
     /// For logs: secrets masked.
@@ -210,11 +229,7 @@ impl Merged {
 
     /// Every secret text in the settings, for redaction.
     pub fn secret_texts(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for m in self.providers.values() {
-            state_values::secret_texts(&Json::Object(m.clone()), false, &mut out);
-        }
-        out
+        secret_texts(self.providers.values())
     }
 }
 
@@ -293,6 +308,17 @@ fn deep_merge(into: &mut Map<String, Json>, key: &str, v: Json) {
             into.insert(key.to_owned(), v);
         }
     }
+}
+
+/// A secret read from a file, without the file's final line break (editors add one).
+pub fn secret_file_text(mut text: String) -> String {
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    text
 }
 
 /// Config and injector values are literal: a `${` would read as a substitution.
@@ -387,9 +413,42 @@ pub fn check_injectors(what: &str, injectors: &IndexMap<String, Json>) -> Result
     Ok(())
 }
 
+/// Checks provider settings a scope gives against the installed providers, each entry
+/// `(namespace, the keys the scope sets, the whole config the provider will get)`: the
+/// namespace must be an installed provider that answered, every key must be in its config
+/// schema, and the provider must accept the whole (ValidateConfig). The error names the key;
+/// `what` says whose settings they are (`engine config`, `environment \`dev\``).
+pub async fn check_providers(
+    host: &crate::plugins::PluginHost,
+    what: &str,
+    entries: &[(&str, &Table, &Table)],
+) -> Result<(), String> {
+    let manifests = host.provider_manifests().await;
+    for &(ns, given, whole) in entries {
+        let manifest = match manifests.iter().find(|(name, _)| name == ns) {
+            Some((_, Ok(m))) => m,
+            Some((_, Err(e))) => {
+                return Err(format!(
+                    "{what}: `providers.{ns}`: the provider could not be asked: {e}"
+                ));
+            }
+            None => {
+                let installed: Vec<&str> = manifests.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(format!(
+                    "{what}: `providers.{ns}`: no provider `{ns}` is installed (installed: {})",
+                    installed.join(", ")
+                ));
+            }
+        };
+        check_keys(what, ns, given, manifest.config_schema.as_ref())?;
+        validate_with_provider(host, what, ns, whole).await?;
+    }
+    Ok(())
+}
+
 /// Asks provider `namespace` whether `config` is valid (ValidateConfig); its errors, each
 /// naming the key (`providers.<ns>.<key>`), joined. `what` says whose config it is.
-pub async fn validate_with_provider(
+async fn validate_with_provider(
     host: &crate::plugins::PluginHost,
     what: &str,
     namespace: &str,
@@ -540,6 +599,14 @@ mod tests {
             .digest()
             .is_empty()
         );
+    }
+
+    #[test]
+    fn secret_files_lose_their_final_newline() {
+        assert_eq!(secret_file_text("abc\n".into()), "abc");
+        assert_eq!(secret_file_text("abc\r\n".into()), "abc");
+        assert_eq!(secret_file_text("abc\n\n".into()), "abc\n");
+        assert_eq!(secret_file_text("abc".into()), "abc");
     }
 
     #[test]

@@ -28,12 +28,11 @@
 //! per line.
 
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use indexmap::IndexMap;
 use serde_json::{Map, Value as Json};
-use trellis_engine::state_values::{mark_secret, sensitive_inner};
+use trellis_engine::state_values::mark_secret;
 use trellis_lang::diag::{Diagnostics, codes, did_you_mean};
 use trellis_lang::document::{Format, Key, Node, NodeKind, load_bytes, parse};
 use trellis_lang::source::{SourceMap, Span};
@@ -46,7 +45,8 @@ const SECTIONS: [&str; 4] = ["name", "variables", "providers", "injectors"];
 const FROM_ENV: &str = "fromEnv";
 const FROM_FILE: &str = "fromFile";
 /// How a secret is shown in `Debug` output.
-const SECRET_SHOWN: &str = "(secret)";
+/// How a secret value shows in Debug output: as everywhere else, `(sensitive)`.
+const SECRET_SHOWN: &str = "(sensitive)";
 
 /// One variable from an environment file: its text as `--var NAME=VALUE` would take it.
 #[derive(Clone, Default, PartialEq)]
@@ -91,7 +91,7 @@ impl fmt::Debug for EnvironmentFile {
         struct Masked<'a>(&'a Json);
         impl fmt::Debug for Masked<'_> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}", mask_secrets(self.0))
+                write!(f, "{}", crate::engine::state_values::masked(self.0))
             }
         }
         struct Providers<'a>(&'a IndexMap<String, Map<String, Json>>);
@@ -122,22 +122,6 @@ impl fmt::Debug for EnvironmentFile {
             .field("providers", &Providers(&self.providers))
             .field("injectors", &Injectors(&self.injectors))
             .finish()
-    }
-}
-
-/// `v` with every `{"$sensitive": ..}` replaced by the text `(secret)`.
-fn mask_secrets(v: &Json) -> Json {
-    if sensitive_inner(v).is_some() {
-        return Json::String(SECRET_SHOWN.to_owned());
-    }
-    match v {
-        Json::Array(items) => Json::Array(items.iter().map(mask_secrets).collect()),
-        Json::Object(o) => Json::Object(
-            o.iter()
-                .map(|(k, v)| (k.clone(), mask_secrets(v)))
-                .collect(),
-        ),
-        other => other.clone(),
     }
 }
 
@@ -280,15 +264,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    if meta.is_dir() {
-        return Err("is a directory".to_owned());
-    }
-    let mut buf = Vec::new();
-    file.take(MAX_FILE_BYTES as u64 + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| e.to_string())?;
+    let buf = crate::cli::read_limited(path, MAX_FILE_BYTES).map_err(|e| e.to_string())?;
     if buf.len() > MAX_FILE_BYTES {
         return Err(format!(
             "the file is larger than the limit of {MAX_FILE_BYTES} bytes (1 MiB)"
@@ -578,14 +554,7 @@ impl Reader<'_> {
                     String::from_utf8(bytes).map_err(|_| "the file is not valid UTF-8".to_owned())
                 });
                 match text {
-                    Ok(mut text) => {
-                        if text.ends_with("\r\n") {
-                            text.truncate(text.len() - 2);
-                        } else if text.ends_with('\n') {
-                            text.truncate(text.len() - 1);
-                        }
-                        Some(text)
-                    }
+                    Ok(text) => Some(crate::engine::settings::secret_file_text(text)),
                     Err(e) => {
                         self.error(
                             span,
@@ -1175,7 +1144,7 @@ injectors:
                 assert!(!shown.contains(secret), "{secret} in {shown}");
             }
             assert!(
-                shown.contains("dbPassword") && shown.contains("(secret)"),
+                shown.contains("dbPassword") && shown.contains("(sensitive)"),
                 "{shown}"
             );
             assert!(shown.contains("eu-west-1"), "{shown}");

@@ -348,7 +348,10 @@ pub(crate) fn plural(n: usize) -> &'static str {
 
 /// Reads at most `limit + 1` bytes, so an enormous file (or a device) is
 /// refused without being read whole.
-pub(crate) fn read_limited(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_limited(
+    path: impl AsRef<std::path::Path>,
+    limit: usize,
+) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let file = std::fs::File::open(path)?;
     if file.metadata()?.is_dir() {

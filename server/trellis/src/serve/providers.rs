@@ -2,7 +2,6 @@
 //! (docs/configuration.md): read from TOML, secrets resolved from the engine's environment or
 //! files, then checked once at startup against the installed providers.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Map, Value as Json};
@@ -152,18 +151,7 @@ fn secret_ref(
     let path = dir.join(name);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    Ok(Some(trim_newline(text)))
-}
-
-/// A secret file's content without its final line break.
-fn trim_newline(mut s: String) -> String {
-    if s.ends_with('\n') {
-        s.pop();
-        if s.ends_with('\r') {
-            s.pop();
-        }
-    }
-    s
+    Ok(Some(settings::secret_file_text(text)))
 }
 
 /// Confines the `local` provider under the engine: without a `root` it gets `cwd`, and its
@@ -183,33 +171,12 @@ pub(super) fn confine_local(settings: &mut EngineSettings, cwd: &Path) {
 /// installed provider, every key is in its config schema, and the provider accepts the
 /// whole (ValidateConfig). Errors name the key.
 pub(super) async fn check(settings: &EngineSettings, host: &PluginHost) -> Result<(), String> {
-    let manifests: BTreeMap<String, _> = host
-        .provider_manifests()
-        .await
-        .into_iter()
-        .map(|(name, m)| (name.to_string(), m))
+    let entries: Vec<_> = settings
+        .providers
+        .iter()
+        .map(|(ns, entry)| (ns.as_str(), &entry.values, &entry.values))
         .collect();
-    const WHAT: &str = "engine config";
-    for (ns, entry) in &settings.providers {
-        let manifest = match manifests.get(ns) {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => {
-                return Err(format!(
-                    "{WHAT}: `providers.{ns}`: the provider could not be asked: {e}"
-                ));
-            }
-            None => {
-                let installed: Vec<&str> = manifests.keys().map(String::as_str).collect();
-                return Err(format!(
-                    "{WHAT}: `providers.{ns}`: no provider `{ns}` is installed (installed: {})",
-                    installed.join(", ")
-                ));
-            }
-        };
-        settings::check_keys(WHAT, ns, &entry.values, manifest.config_schema.as_ref())?;
-        settings::validate_with_provider(host, WHAT, ns, &entry.values).await?;
-    }
-    Ok(())
+    settings::check_providers(host, "engine config", &entries).await
 }
 
 #[cfg(test)]
@@ -292,12 +259,5 @@ mode = "0640"
         confine_local(&mut s, Path::new("/srv/engine"));
         assert_eq!(s.providers["local"].values["root"], "/data");
         assert_eq!(s.providers["local"].pinned, ["root"]);
-    }
-
-    #[test]
-    fn secret_files_lose_their_final_newline() {
-        assert_eq!(trim_newline("abc\n".into()), "abc");
-        assert_eq!(trim_newline("abc\r\n".into()), "abc");
-        assert_eq!(trim_newline("abc\n\n".into()), "abc\n");
     }
 }
