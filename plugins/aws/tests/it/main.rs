@@ -1,0 +1,5 @@
+//! The provider against moto, through its real gRPC services; boto3 checks the result.
+
+mod support;
+
+mod sqs;
