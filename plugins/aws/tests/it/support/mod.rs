@@ -47,7 +47,7 @@ pub fn moto() -> Option<&'static Moto> {
                 std::env::var_os("TRELLIS_REQUIRE_MOTO").is_none(),
                 "moto is required (TRELLIS_REQUIRE_MOTO) but `import moto.server, boto3` fails: pip install \"moto[server]\" boto3"
             );
-            eprintln!("skipped: moto is not installed (pip install \"moto[server]\" boto3)");
+            eprintln!("skipped: moto is not installed (pip install -r plugins/aws/tests/requirements.txt)");
             return None;
         }
         // The provider runs in this process and takes credentials from the standard
