@@ -15,6 +15,7 @@ use trellis_plugin_sdk::prelude::*;
 pub mod common;
 pub mod config;
 pub mod error;
+pub mod links;
 pub mod sqs;
 
 use config::ClientCache;
@@ -23,6 +24,7 @@ use config::ClientCache;
 #[derive(Default)]
 pub struct AwsProvider {
     clients: Arc<ClientCache>,
+    locks: Arc<links::Locks>,
 }
 
 #[async_trait]
@@ -53,6 +55,13 @@ impl Provider for AwsProvider {
     fn resources(&self) -> Vec<Box<dyn Resource>> {
         let c = || self.clients.clone();
         vec![Box::new(sqs::Queue { clients: c() })]
+    }
+
+    fn links(&self) -> Vec<Box<dyn Link>> {
+        links::all(&links::Shared {
+            clients: self.clients.clone(),
+            locks: self.locks.clone(),
+        })
     }
 
     async fn validate_config(&self, ctx: &Context) -> Result<Vec<Diagnostic>> {
