@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
-use trellis_plugin_sdk::proto::LinkUpdateType;
 use trellis_plugin_sdk::prelude::*;
+use trellis_plugin_sdk::proto::LinkUpdateType;
 
 use crate::config::{ClientCache, Clients};
 use crate::error::sdk;
@@ -136,13 +136,24 @@ fn role_name(arn: &str) -> Option<&str> {
 fn policy_name(prefix: &str, other: &str) -> String {
     let mut n: String = format!("trellis-{prefix}-{other}")
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "+=,.@_-".contains(c) { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "+=,.@_-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     n.truncate(128);
     n
 }
 
-async fn put_role_policy(c: &Clients, role: &str, name: &str, statements: serde_json::Value) -> Result<()> {
+async fn put_role_policy(
+    c: &Clients,
+    role: &str,
+    name: &str,
+    statements: serde_json::Value,
+) -> Result<()> {
     let doc = json!({"Version": "2012-10-17", "Statement": statements});
     c.iam
         .put_role_policy()
@@ -156,17 +167,34 @@ async fn put_role_policy(c: &Clients, role: &str, name: &str, statements: serde_
 }
 
 async fn delete_role_policy(c: &Clients, role: &str, name: &str) -> Result<()> {
-    match c.iam.delete_role_policy().role_name(role).policy_name(name).send().await {
+    match c
+        .iam
+        .delete_role_policy()
+        .role_name(role)
+        .policy_name(name)
+        .send()
+        .await
+    {
         Ok(_) => Ok(()),
         Err(e) => {
             let e = sdk(format!("deleting policy {name} from role {role}"), e);
-            if e.class == ErrorClass::NotFound { Ok(()) } else { Err(e) }
+            if e.class == ErrorClass::NotFound {
+                Ok(())
+            } else {
+                Err(e)
+            }
         }
     }
 }
 
 /// Lets `principal` invoke `function` from `source_arn` (statement `sid`), idempotently.
-async fn add_permission(c: &Clients, function: &str, sid: &str, principal: &str, source_arn: &str) -> Result<()> {
+async fn add_permission(
+    c: &Clients,
+    function: &str,
+    sid: &str,
+    principal: &str,
+    source_arn: &str,
+) -> Result<()> {
     let _ = remove_permission(c, function, sid).await;
     c.lambda
         .add_permission()
@@ -182,21 +210,41 @@ async fn add_permission(c: &Clients, function: &str, sid: &str, principal: &str,
 }
 
 async fn remove_permission(c: &Clients, function: &str, sid: &str) -> Result<()> {
-    match c.lambda.remove_permission().function_name(function).statement_id(sid).send().await {
+    match c
+        .lambda
+        .remove_permission()
+        .function_name(function)
+        .statement_id(sid)
+        .send()
+        .await
+    {
         Ok(_) => Ok(()),
         Err(e) => {
             let e = sdk(format!("removing permission {sid} from {function}"), e);
-            if e.class == ErrorClass::NotFound { Ok(()) } else { Err(e) }
+            if e.class == ErrorClass::NotFound {
+                Ok(())
+            } else {
+                Err(e)
+            }
         }
     }
 }
 
 /// A statement id for a link's permission: unique per link, stable across attempts.
 fn statement_id(prefix: &str, link: &LinkRequest) -> String {
-    let mut s: String = format!("trellis-{prefix}-{}-{}", link.resource_a.name, link.resource_b.name)
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
-        .collect();
+    let mut s: String = format!(
+        "trellis-{prefix}-{}-{}",
+        link.resource_a.name, link.resource_b.name
+    )
+    .chars()
+    .map(|c| {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            c
+        } else {
+            '-'
+        }
+    })
+    .collect();
     s.truncate(100);
     s
 }
@@ -235,14 +283,21 @@ const ACCESS: &[Access] = &[
     },
     Access {
         b_type: "aws/secretsmanager/secret",
-        actions: &["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"],
+        actions: &[
+            "secretsmanager:GetSecretValue",
+            "secretsmanager:DescribeSecret",
+        ],
         extra_resources: &[],
         env_value: "arn",
         description: "Read the secret's value.",
     },
     Access {
         b_type: "aws/sqs/queue",
-        actions: &["sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"],
+        actions: &[
+            "sqs:SendMessage",
+            "sqs:GetQueueAttributes",
+            "sqs:GetQueueUrl",
+        ],
         extra_resources: &[],
         env_value: "queueUrl",
         description: "Send messages to the queue.",
@@ -256,7 +311,12 @@ const ACCESS: &[Access] = &[
     },
     Access {
         b_type: "aws/s3/bucket",
-        actions: &["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket"],
+        actions: &[
+            "s3:GetObject",
+            "s3:PutObject",
+            "s3:DeleteObject",
+            "s3:ListBucket",
+        ],
         extra_resources: &["{arn}/*"],
         env_value: "bucketName",
         description: "Objects of the bucket: list, read, write, delete.",
@@ -284,7 +344,10 @@ fn env_value(access: &Access, b: &ResourceState) -> Result<String> {
         _ => None,
     };
     from_arn.ok_or_else(|| {
-        PluginError::internal(format!("{} `{}` has no `{}`", b.resource_type, b.name, access.env_value))
+        PluginError::internal(format!(
+            "{} `{}` has no `{}`",
+            b.resource_type, b.name, access.env_value
+        ))
     })
 }
 
@@ -295,8 +358,16 @@ struct FunctionAccess {
 
 impl FunctionAccess {
     fn var_name(&self, link: &LinkRequest) -> Option<String> {
-        let populate = link.annotations_a.get(POPULATE_ENV_VARS).and_then(Value::as_bool).unwrap_or(false)
-            || link.annotations_a.get(POPULATE_ENV_VARS).and_then(Value::as_str) == Some("true");
+        let populate = link
+            .annotations_a
+            .get(POPULATE_ENV_VARS)
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+            || link
+                .annotations_a
+                .get(POPULATE_ENV_VARS)
+                .and_then(Value::as_str)
+                == Some("true");
         populate.then(|| {
             link.annotations_b
                 .get(ENV_VAR_NAME)
@@ -308,7 +379,13 @@ impl FunctionAccess {
 
 /// Sets (`Some`) or removes (`None`) one variable of a function's environment, waiting for
 /// the update to finish; the function's own fields are untouched.
-async fn set_env_var(shared: &Shared, c: &Clients, function: &str, name: &str, value: Option<&str>) -> Result<()> {
+async fn set_env_var(
+    shared: &Shared,
+    c: &Clients,
+    function: &str,
+    name: &str,
+    value: Option<&str>,
+) -> Result<()> {
     let _guard = shared.locks.lock(&format!("env:{function}")).await;
     let cfg = c
         .lambda
@@ -331,7 +408,11 @@ async fn set_env_var(shared: &Shared, c: &Clients, function: &str, name: &str, v
     c.lambda
         .update_function_configuration()
         .function_name(function)
-        .environment(aws_sdk_lambda::types::Environment::builder().set_variables(Some(vars)).build())
+        .environment(
+            aws_sdk_lambda::types::Environment::builder()
+                .set_variables(Some(vars))
+                .build(),
+        )
         .send()
         .await
         .map_err(|e| sdk(format!("setting variable {name} of function {function}"), e))?;
@@ -366,7 +447,12 @@ impl Link for FunctionAccess {
     async fn stage(&self, _ctx: &Context, link: &LinkRequest) -> Result<StagedLink> {
         let mut staged = StagedLink::default();
         if let Some(var) = self.var_name(link) {
-            staged.owned_paths_a.push(AttrPath::root().field("environment").field("variables").field(var));
+            staged.owned_paths_a.push(
+                AttrPath::root()
+                    .field("environment")
+                    .field("variables")
+                    .field(var),
+            );
         }
         Ok(staged)
     }
@@ -377,13 +463,19 @@ impl Link for FunctionAccess {
         let function = need(a, "arn")?;
         let role = need(a, "roleArn").map(|r| role_name(r).unwrap_or(r).to_owned())?;
         let policy = policy_name("link", &link.resource_b.name);
-        let old_var = link.link_data.get("envVar").and_then(Value::as_str).map(str::to_owned);
+        let old_var = link
+            .link_data
+            .get("envVar")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         if is_destroy(link) {
             delete_role_policy(&c, &role, &policy).await?;
             if let Some(old) = &old_var {
                 set_env_var(&self.shared, &c, function, old, None).await?;
             }
-            return Ok(Value::map().with("envVar", Value::Null).with("policy", Value::Null));
+            return Ok(Value::map()
+                .with("envVar", Value::Null)
+                .with("policy", Value::Null));
         }
         let b_arn = need(&link.resource_b, "arn")?;
         let mut resources = vec![json!(b_arn)];
@@ -426,7 +518,11 @@ async fn find_mapping(c: &Clients, function: &str, source: &str) -> Result<Optio
         .send()
         .await
         .map_err(|e| sdk(format!("listing event source mappings of {function}"), e))?;
-    Ok(out.event_source_mappings.unwrap_or_default().into_iter().find_map(|m| m.uuid))
+    Ok(out
+        .event_source_mappings
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|m| m.uuid))
 }
 
 #[async_trait]
@@ -444,19 +540,33 @@ impl Link for QueueTriggers {
     }
 
     fn annotations(&self) -> Vec<Annotation> {
-        vec![Annotation::new(BATCH_SIZE, "aws/sqs/queue", SchemaType::Integer)
-            .describe("Messages per invocation (1 to 10000; default 10)")]
+        vec![
+            Annotation::new(BATCH_SIZE, "aws/sqs/queue", SchemaType::Integer)
+                .describe("Messages per invocation (1 to 10000; default 10)"),
+        ]
     }
 
-    async fn update_intermediaries(&self, ctx: &Context, link: &LinkRequest) -> Result<IntermediariesUpdate> {
+    async fn update_intermediaries(
+        &self,
+        ctx: &Context,
+        link: &LinkRequest,
+    ) -> Result<IntermediariesUpdate> {
         let c = self.shared.clients.get(ctx).await?;
         let queue = need(&link.resource_a, "arn")?;
         let function = need(&link.resource_b, "arn")?;
-        let role = role_name(need(&link.resource_b, "roleArn")?).unwrap_or_default().to_owned();
+        let role = role_name(need(&link.resource_b, "roleArn")?)
+            .unwrap_or_default()
+            .to_owned();
         let policy = policy_name("trigger", &link.resource_a.name);
         if is_destroy(link) {
             if let Some(uuid) = find_mapping(&c, function, queue).await? {
-                match c.lambda.delete_event_source_mapping().uuid(&uuid).send().await {
+                match c
+                    .lambda
+                    .delete_event_source_mapping()
+                    .uuid(&uuid)
+                    .send()
+                    .await
+                {
                     Ok(_) => {}
                     Err(e) => {
                         let e = sdk(format!("deleting event source mapping {uuid}"), e);
@@ -506,21 +616,31 @@ impl Link for QueueTriggers {
                 .await
                 .map_err(|e| sdk(format!("mapping queue {queue} to {function}"), e))?
                 .uuid
-                .ok_or_else(|| PluginError::internal("CreateEventSourceMapping returned no UUID"))?,
+                .ok_or_else(|| {
+                    PluginError::internal("CreateEventSourceMapping returned no UUID")
+                })?,
         };
         Ok(IntermediariesUpdate {
-            link_data: Value::map().with("mapping", uuid.as_str()).with("policy", policy.as_str()),
+            link_data: Value::map()
+                .with("mapping", uuid.as_str())
+                .with("policy", policy.as_str()),
             intermediaries: vec![ResourceState {
                 resource_type: "aws/lambda/eventSourceMapping".to_owned(),
                 name: format!("{}->{}", link.resource_a.name, link.resource_b.name),
                 external_id: uuid.clone(),
-                spec: Value::map().with("functionName", function).with("eventSourceArn", queue),
+                spec: Value::map()
+                    .with("functionName", function)
+                    .with("eventSourceArn", queue),
                 state: Value::map().with("uuid", uuid.as_str()),
             }],
         })
     }
 
-    async fn read_intermediaries(&self, ctx: &Context, link: &LinkRequest) -> Result<Vec<ResourceState>> {
+    async fn read_intermediaries(
+        &self,
+        ctx: &Context,
+        link: &LinkRequest,
+    ) -> Result<Vec<ResourceState>> {
         let c = self.shared.clients.get(ctx).await?;
         let queue = need(&link.resource_a, "arn")?;
         let function = need(&link.resource_b, "arn")?;
@@ -530,7 +650,9 @@ impl Link for QueueTriggers {
                 resource_type: "aws/lambda/eventSourceMapping".to_owned(),
                 name: format!("{}->{}", link.resource_a.name, link.resource_b.name),
                 external_id: uuid.clone(),
-                spec: Value::map().with("functionName", function).with("eventSourceArn", queue),
+                spec: Value::map()
+                    .with("functionName", function)
+                    .with("eventSourceArn", queue),
                 state: Value::map().with("uuid", uuid.as_str()),
             })
             .into_iter()
@@ -603,9 +725,18 @@ async fn unsubscribe(c: &Clients, topic: &str, endpoint: &str) -> Result<()> {
 }
 
 /// Adds (`Some`) or removes (`None`) the statement `sid` of a queue's policy.
-async fn set_queue_statement(shared: &Shared, c: &Clients, queue_url: &str, sid: &str, statement: Option<serde_json::Value>) -> Result<()> {
+async fn set_queue_statement(
+    shared: &Shared,
+    c: &Clients,
+    queue_url: &str,
+    sid: &str,
+    statement: Option<serde_json::Value>,
+) -> Result<()> {
     use aws_sdk_sqs::types::QueueAttributeName as A;
-    let _guard = shared.locks.lock(&format!("queue-policy:{queue_url}")).await;
+    let _guard = shared
+        .locks
+        .lock(&format!("queue-policy:{queue_url}"))
+        .await;
     let attrs = c
         .sqs
         .get_queue_attributes()
@@ -636,7 +767,11 @@ async fn set_queue_statement(shared: &Shared, c: &Clients, queue_url: &str, sid:
         return Ok(());
     }
     policy["Statement"] = serde_json::Value::Array(statements.clone());
-    let text = if statements.is_empty() { String::new() } else { policy.to_string() };
+    let text = if statements.is_empty() {
+        String::new()
+    } else {
+        policy.to_string()
+    };
     c.sqs
         .set_queue_attributes()
         .queue_url(queue_url)
@@ -661,7 +796,11 @@ impl Link for TopicToQueue {
         "The queue subscribes to the topic: a subscription, and a statement in the queue's policy letting the topic send to it."
     }
 
-    async fn update_intermediaries(&self, ctx: &Context, link: &LinkRequest) -> Result<IntermediariesUpdate> {
+    async fn update_intermediaries(
+        &self,
+        ctx: &Context,
+        link: &LinkRequest,
+    ) -> Result<IntermediariesUpdate> {
         let c = self.shared.clients.get(ctx).await?;
         let topic = need(&link.resource_a, "arn")?;
         let queue = need(&link.resource_b, "arn")?;
@@ -691,7 +830,11 @@ impl Link for TopicToQueue {
         })
     }
 
-    async fn read_intermediaries(&self, ctx: &Context, link: &LinkRequest) -> Result<Vec<ResourceState>> {
+    async fn read_intermediaries(
+        &self,
+        ctx: &Context,
+        link: &LinkRequest,
+    ) -> Result<Vec<ResourceState>> {
         let c = self.shared.clients.get(ctx).await?;
         let topic = need(&link.resource_a, "arn")?;
         let queue = need(&link.resource_b, "arn")?;
@@ -703,12 +846,19 @@ impl Link for TopicToQueue {
     }
 }
 
-fn subscription_state(link: &LinkRequest, arn: &str, protocol: &str, endpoint: &str) -> ResourceState {
+fn subscription_state(
+    link: &LinkRequest,
+    arn: &str,
+    protocol: &str,
+    endpoint: &str,
+) -> ResourceState {
     ResourceState {
         resource_type: "aws/sns/subscription".to_owned(),
         name: format!("{}->{}", link.resource_a.name, link.resource_b.name),
         external_id: arn.to_owned(),
-        spec: Value::map().with("protocol", protocol).with("endpoint", endpoint),
+        spec: Value::map()
+            .with("protocol", protocol)
+            .with("endpoint", endpoint),
         state: Value::map().with("arn", arn),
     }
 }
@@ -747,10 +897,18 @@ impl Invoker {
 
     fn description(self) -> &'static str {
         match self {
-            Invoker::Topic => "The function subscribes to the topic: a subscription and the invoke permission for SNS.",
-            Invoker::Api => "The API routes to the function: an integration (AWS_PROXY, payload 2.0), a route from the function's `aws.apigatewayv2.route` annotation (default `ANY /<function resource name>`), and the invoke permission for API Gateway.",
-            Invoker::Rule => "The rule targets the function: a target, and the invoke permission for EventBridge.",
-            Invoker::Bucket => "The bucket notifies the function: a notification for the `aws.s3.bucket.events` annotation's events (default `s3:ObjectCreated:*`), and the invoke permission for S3.",
+            Invoker::Topic => {
+                "The function subscribes to the topic: a subscription and the invoke permission for SNS."
+            }
+            Invoker::Api => {
+                "The API routes to the function: an integration (AWS_PROXY, payload 2.0), a route from the function's `aws.apigatewayv2.route` annotation (default `ANY /<function resource name>`), and the invoke permission for API Gateway."
+            }
+            Invoker::Rule => {
+                "The rule targets the function: a target, and the invoke permission for EventBridge."
+            }
+            Invoker::Bucket => {
+                "The bucket notifies the function: a notification for the `aws.s3.bucket.events` annotation's events (default `s3:ObjectCreated:*`), and the invoke permission for S3."
+            }
         }
     }
 }
@@ -768,7 +926,11 @@ pub fn valid_route(route: &str) -> bool {
     let Some((method, path)) = route.split_once(' ') else {
         return false;
     };
-    ["ANY", "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"].contains(&method) && path.starts_with('/')
+    [
+        "ANY", "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS",
+    ]
+    .contains(&method)
+        && path.starts_with('/')
 }
 
 fn route_of(link: &LinkRequest) -> String {
@@ -788,7 +950,12 @@ fn rule_parts(arn: &str) -> Option<(String, String)> {
 }
 
 impl Invokes {
-    async fn api(&self, c: &Clients, link: &LinkRequest, function: &str) -> Result<(Value, Vec<ResourceState>)> {
+    async fn api(
+        &self,
+        c: &Clients,
+        link: &LinkRequest,
+        function: &str,
+    ) -> Result<(Value, Vec<ResourceState>)> {
         let api = need(&link.resource_a, "apiId")?;
         let route_key = route_of(link);
         let routes = c
@@ -804,14 +971,33 @@ impl Invokes {
         let old_integration = link.link_data.get("integrationId").and_then(Value::as_str);
         if is_destroy(link) {
             if let Some(id) = old_route {
-                ignore_missing(c.apigw.delete_route().api_id(api).route_id(id).send().await.map_err(|e| sdk("deleting a route", e)))?;
+                ignore_missing(
+                    c.apigw
+                        .delete_route()
+                        .api_id(api)
+                        .route_id(id)
+                        .send()
+                        .await
+                        .map_err(|e| sdk("deleting a route", e)),
+                )?;
             }
             if let Some(id) = old_integration {
                 ignore_missing(
-                    c.apigw.delete_integration().api_id(api).integration_id(id).send().await.map_err(|e| sdk("deleting an integration", e)),
+                    c.apigw
+                        .delete_integration()
+                        .api_id(api)
+                        .integration_id(id)
+                        .send()
+                        .await
+                        .map_err(|e| sdk("deleting an integration", e)),
                 )?;
             }
-            return Ok((Value::map().with("routeId", Value::Null).with("integrationId", Value::Null), Vec::new()));
+            return Ok((
+                Value::map()
+                    .with("routeId", Value::Null)
+                    .with("integrationId", Value::Null),
+                Vec::new(),
+            ));
         }
         // The integration this link made (recorded), else one for this function.
         let integrations = c
@@ -826,7 +1012,11 @@ impl Invokes {
         let existing = integrations
             .iter()
             .find(|i| old_integration.is_some() && i.integration_id.as_deref() == old_integration)
-            .or_else(|| integrations.iter().find(|i| i.integration_uri.as_deref() == Some(function)));
+            .or_else(|| {
+                integrations
+                    .iter()
+                    .find(|i| i.integration_uri.as_deref() == Some(function))
+            });
         let integration = match existing.and_then(|i| i.integration_id.clone()) {
             Some(id) => id,
             None => c
@@ -843,7 +1033,9 @@ impl Invokes {
                 .ok_or_else(|| PluginError::internal("CreateIntegration returned no id"))?,
         };
         let target = format!("integrations/{integration}");
-        let existing_route = routes.iter().find(|r| r.route_key.as_deref() == Some(route_key.as_str()));
+        let existing_route = routes
+            .iter()
+            .find(|r| r.route_key.as_deref() == Some(route_key.as_str()));
         let route = match existing_route.and_then(|r| r.route_id.clone()) {
             Some(id) => {
                 if existing_route.and_then(|r| r.target.as_deref()) != Some(target.as_str()) {
@@ -872,7 +1064,15 @@ impl Invokes {
         };
         // The route key changed: the old route goes.
         if let Some(old) = old_route.filter(|o| *o != route) {
-            ignore_missing(c.apigw.delete_route().api_id(api).route_id(old).send().await.map_err(|e| sdk("deleting a route", e)))?;
+            ignore_missing(
+                c.apigw
+                    .delete_route()
+                    .api_id(api)
+                    .route_id(old)
+                    .send()
+                    .await
+                    .map_err(|e| sdk("deleting a route", e)),
+            )?;
         }
         let data = Value::map()
             .with("routeId", route.as_str())
@@ -900,9 +1100,15 @@ impl Invokes {
         ))
     }
 
-    async fn rule(&self, c: &Clients, link: &LinkRequest, function: &str) -> Result<(Value, Vec<ResourceState>)> {
+    async fn rule(
+        &self,
+        c: &Clients,
+        link: &LinkRequest,
+        function: &str,
+    ) -> Result<(Value, Vec<ResourceState>)> {
         let arn = need(&link.resource_a, "arn")?;
-        let (bus, rule) = rule_parts(arn).ok_or_else(|| PluginError::internal(format!("`{arn}` is not a rule ARN")))?;
+        let (bus, rule) = rule_parts(arn)
+            .ok_or_else(|| PluginError::internal(format!("`{arn}` is not a rule ARN")))?;
         let id = statement_id("target", link);
         let id: String = id.chars().take(64).collect();
         if is_destroy(link) {
@@ -940,24 +1146,34 @@ impl Invokes {
                 .filter_map(|f| f.error_message)
                 .collect::<Vec<_>>()
                 .join("; ");
-            return Err(PluginError::transient(format!("rule {rule} refused target {id}: {why}")));
+            return Err(PluginError::transient(format!(
+                "rule {rule} refused target {id}: {why}"
+            )));
         }
         Ok((Value::map().with("targetId", id.as_str()), Vec::new()))
     }
 
-    async fn bucket(&self, c: &Clients, link: &LinkRequest, function: &str) -> Result<(Value, Vec<ResourceState>)> {
+    async fn bucket(
+        &self,
+        c: &Clients,
+        link: &LinkRequest,
+        function: &str,
+    ) -> Result<(Value, Vec<ResourceState>)> {
         use aws_sdk_s3::types::{Event, LambdaFunctionConfiguration, NotificationConfiguration};
         let arn = need(&link.resource_a, "arn")?;
         let bucket = arn.rsplit(':').next().unwrap_or(arn).to_owned();
         let id = statement_id("notify", link);
-        let _guard = self.shared.locks.lock(&format!("notifications:{bucket}")).await;
-        let current = c
-            .s3
-            .get_bucket_notification_configuration()
-            .bucket(&bucket)
-            .send()
-            .await
-            .map_err(|e| sdk(format!("reading the notifications of bucket {bucket}"), e))?;
+        let _guard = self
+            .shared
+            .locks
+            .lock(&format!("notifications:{bucket}"))
+            .await;
+        let current =
+            c.s3.get_bucket_notification_configuration()
+                .bucket(&bucket)
+                .send()
+                .await
+                .map_err(|e| sdk(format!("reading the notifications of bucket {bucket}"), e))?;
         let mut lambdas: Vec<LambdaFunctionConfiguration> = current
             .lambda_function_configurations
             .unwrap_or_default()
@@ -974,11 +1190,16 @@ impl Invokes {
             .filter(|s| !s.is_empty())
             .collect();
         if !is_destroy(link) {
-            let mut b = LambdaFunctionConfiguration::builder().id(&id).lambda_function_arn(function);
+            let mut b = LambdaFunctionConfiguration::builder()
+                .id(&id)
+                .lambda_function_arn(function);
             for e in &events {
                 b = b.events(Event::from(e.as_str()));
             }
-            lambdas.push(b.build().map_err(|e| PluginError::internal(format!("building a notification: {e}")))?);
+            lambdas.push(
+                b.build()
+                    .map_err(|e| PluginError::internal(format!("building a notification: {e}")))?,
+            );
         }
         let config = NotificationConfiguration::builder()
             .set_topic_configurations(current.topic_configurations)
@@ -986,15 +1207,21 @@ impl Invokes {
             .set_lambda_function_configurations(Some(lambdas))
             .set_event_bridge_configuration(current.event_bridge_configuration)
             .build();
-        c.s3
-            .put_bucket_notification_configuration()
+        c.s3.put_bucket_notification_configuration()
             .bucket(&bucket)
             .notification_configuration(config)
             .send()
             .await
             .map_err(|e| sdk(format!("setting the notifications of bucket {bucket}"), e))?;
         Ok((
-            Value::map().with("notificationId", if is_destroy(link) { Value::Null } else { Value::from(id.as_str()) }),
+            Value::map().with(
+                "notificationId",
+                if is_destroy(link) {
+                    Value::Null
+                } else {
+                    Value::from(id.as_str())
+                },
+            ),
             Vec::new(),
         ))
     }
@@ -1042,7 +1269,9 @@ impl Link for Invokes {
                 staged.diagnostics.push(
                     Diagnostic::error(
                         "aws.apigatewayv2.invalid-route",
-                        format!("`{ROUTE}` is \"{route}\"; a route is `METHOD /path` or `$default`"),
+                        format!(
+                            "`{ROUTE}` is \"{route}\"; a route is `METHOD /path` or `$default`"
+                        ),
                     )
                     .hint("for example `GET /orders/{id}`"),
                 );
@@ -1051,15 +1280,22 @@ impl Link for Invokes {
         Ok(staged)
     }
 
-    async fn update_intermediaries(&self, ctx: &Context, link: &LinkRequest) -> Result<IntermediariesUpdate> {
+    async fn update_intermediaries(
+        &self,
+        ctx: &Context,
+        link: &LinkRequest,
+    ) -> Result<IntermediariesUpdate> {
         let c = self.shared.clients.get(ctx).await?;
         let function = need(&link.resource_b, "arn")?;
-        let sid = statement_id(match self.source {
-            Invoker::Topic => "sns",
-            Invoker::Api => "api",
-            Invoker::Rule => "events",
-            Invoker::Bucket => "s3",
-        }, link);
+        let sid = statement_id(
+            match self.source {
+                Invoker::Topic => "sns",
+                Invoker::Api => "api",
+                Invoker::Rule => "events",
+                Invoker::Bucket => "s3",
+            },
+            link,
+        );
         let (mut data, intermediaries) = match self.source {
             Invoker::Topic => {
                 let topic = need(&link.resource_a, "arn")?;
@@ -1111,7 +1347,10 @@ mod tests {
 
     #[test]
     fn arns() {
-        assert_eq!(role_name("arn:aws:iam::123456789012:role/service/fn-role"), Some("fn-role"));
+        assert_eq!(
+            role_name("arn:aws:iam::123456789012:role/service/fn-role"),
+            Some("fn-role")
+        );
         assert_eq!(role_name("arn:aws:iam::123456789012:role/r"), Some("r"));
         assert_eq!(role_name("nope"), None);
         assert_eq!(
