@@ -4,7 +4,11 @@ mod engine_common;
 // Shared with the plugin host's tests: starting plugins, temp dirs, process checks.
 #[path = "../../../host/tests/it/plugins_common.rs"]
 mod plugins_common;
+// moto and boto3, shared with the AWS provider's tests.
+#[path = "../../../../plugins/aws/tests/it/support/moto.rs"]
+mod aws_moto;
 
+mod aws_e2e;
 mod blueprint_features_e2e;
 mod change_order_e2e;
 mod children_e2e;
