@@ -16,6 +16,7 @@ pub mod common;
 pub mod config;
 pub mod error;
 pub mod links;
+pub mod reference;
 pub mod sqs;
 
 use config::ClientCache;
