@@ -6,12 +6,19 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::aws_moto::{CREDENTIALS, Moto, boto, moto, unique};
-use crate::engine_common::{Engine, plugin_dir, write};
+use std::time::{Duration, Instant};
+
+use crate::aws_moto::{CREDENTIALS, FaultProxy, Moto, boto, moto, unique};
+use crate::engine_common::{Engine, PATIENCE, cli_in_background, plugin_dir, write};
 use crate::plugins_common::{TempDir, workspace_binary};
 
 /// An engine whose plugins include `aws`, configured for `moto`.
 fn engine(root: &Path, moto: &Moto) -> Engine {
+    engine_at(root, &moto.endpoint)
+}
+
+/// An engine whose plugins include `aws`, configured to call AWS at `endpoint`.
+fn engine_at(root: &Path, endpoint: &str) -> Engine {
     let aws = workspace_binary(
         "trellis-provider-aws",
         "trellis-provider-aws",
@@ -23,10 +30,7 @@ fn engine(root: &Path, moto: &Moto) -> Engine {
     }
     write(
         &root.join("engine.toml"),
-        &format!(
-            "[providers.aws]\nregion = \"us-east-1\"\nendpoint = \"{}\"\n",
-            moto.endpoint
-        ),
+        &format!("[providers.aws]\nregion = \"us-east-1\"\nendpoint = \"{endpoint}\"\n"),
     );
     let mut b = Engine::builder(root).args(&["--config", "engine.toml"]);
     // Credentials reach the plugin through the standard chain (here, the environment the
@@ -131,4 +135,92 @@ exports:
             "{name} is gone"
         );
     }
+}
+
+fn queue_blueprint(root: &Path, file: &str, name: &str) {
+    write(
+        &root.join(file),
+        &format!(
+            "version: 2023-04-20\nresources:\n  work:\n    type: aws/sqs/queue\n    spec:\n      queueName: {name}\n"
+        ),
+    );
+}
+
+#[test]
+fn throttled_and_failing_calls_are_retried_by_the_engine() {
+    let Some(m) = moto() else { return };
+    let proxy = FaultProxy::start(m);
+    let dir = TempDir::new("aws-e2e-retry");
+    let root = dir.path();
+    let engine = engine_at(root, &proxy.endpoint);
+    let name = unique("retried");
+    queue_blueprint(root, "q.yaml", &name);
+    proxy.fail("CreateQueue", 400, "ThrottlingException", 1);
+    proxy.fail("CreateQueue", 503, "ServiceUnavailable", 1);
+    let out = engine.cli(&["deploy", "q.yaml", "--instance", "r"]);
+    assert!(out.status.success(), "{out:?}");
+    // Two refused attempts and the one that went through, all from the engine's retries.
+    assert_eq!(proxy.calls("CreateQueue"), 3);
+    let queues = boto(m, "sqs", "list_queues", json!({"QueueNamePrefix": name})).expect("list");
+    assert_eq!(
+        queues["QueueUrls"].as_array().map(Vec::len),
+        Some(1),
+        "{queues}"
+    );
+    let out = engine.cli(&["destroy", "--instance", "r"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn a_deploy_killed_mid_create_recovers_without_a_second_queue() {
+    let Some(m) = moto() else { return };
+    let proxy = FaultProxy::start(m);
+    let dir = TempDir::new("aws-e2e-kill");
+    let root = dir.path();
+    let mut engine = engine_at(root, &proxy.endpoint);
+    let name = unique("killed");
+    queue_blueprint(root, "q.yaml", &name);
+    // CreateQueue reaches moto two seconds late: the engine dies while it is in flight.
+    proxy.delay("CreateQueue", 2.0, 1);
+    let mut client = cli_in_background(
+        &engine,
+        &["deploy", "q.yaml", "--instance", "k"],
+        "k",
+        "resource.create_requested",
+    );
+    let limit = Instant::now() + PATIENCE;
+    while proxy.calls("CreateQueue") == 0 {
+        assert!(Instant::now() < limit, "CreateQueue never sent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    engine.kill9();
+    let _ = client.wait();
+    // The call the engine never heard back from still creates the queue.
+    while boto(m, "sqs", "get_queue_url", json!({"QueueName": name})).is_err() {
+        assert!(Instant::now() < limit, "the delayed create never landed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(engine);
+
+    let engine = engine_at(root, &proxy.endpoint);
+    let inst = engine.instance("k");
+    assert_eq!(inst["status"], "INTERRUPTED", "{inst}");
+    // Deploying again adopts the queue the interrupted create made (its ownership tags say
+    // it is this instance's `work`): no CONFLICT, no second queue.
+    let out = engine.cli(&["deploy", "q.yaml", "--instance", "k"]);
+    assert!(out.status.success(), "{out:?}");
+    let queues = boto(m, "sqs", "list_queues", json!({"QueueNamePrefix": name})).expect("list");
+    assert_eq!(
+        queues["QueueUrls"].as_array().map(Vec::len),
+        Some(1),
+        "{queues}"
+    );
+    let inst = engine.instance("k");
+    assert!(
+        inst.to_string().contains(&format!("/{name}")),
+        "the queue URL is recorded: {inst}"
+    );
+    let out = engine.cli(&["destroy", "--instance", "k"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(boto(m, "sqs", "get_queue_url", json!({"QueueName": name})).is_err());
 }

@@ -121,3 +121,88 @@ pub fn boto(
         Err(body["Error"]["Code"].as_str().unwrap_or("?").to_owned())
     }
 }
+
+const FAULT_PROXY_PY: &str = include_str!("fault_proxy.py");
+
+/// A proxy in front of moto that answers chosen operations with throttling, 5xx or delays
+/// (fault_proxy.py); everything else goes through. Stops when dropped.
+pub struct FaultProxy {
+    pub endpoint: String,
+    child: Child,
+}
+
+impl FaultProxy {
+    pub fn start(moto: &Moto) -> FaultProxy {
+        let upstream = moto.endpoint.rsplit(':').next().expect("moto's port");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut child = Command::new("python3")
+            .args(["-c", FAULT_PROXY_PY, &port.to_string(), upstream])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the proxy says ready");
+        assert_eq!(line.trim(), "ready", "the fault proxy did not start");
+        FaultProxy {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            child,
+        }
+    }
+
+    fn post(&self, path: &str, body: &str) -> String {
+        let port = self.endpoint.rsplit(':').next().expect("port");
+        let mut s = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).expect("proxy");
+        use std::io::{Read, Write};
+        let method = if body.is_empty() { "GET" } else { "POST" };
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default()
+    }
+
+    /// The next `times` calls of `operation` fail with `status` and the AWS error `code`.
+    pub fn fail(&self, operation: &str, status: u16, code: &str, times: u32) {
+        self.post(
+            "/__faults",
+            &serde_json::json!({"operation": operation, "status": status, "code": code, "times": times}).to_string(),
+        );
+    }
+
+    /// The next `times` calls of `operation` reach moto after `seconds`.
+    pub fn delay(&self, operation: &str, seconds: f64, times: u32) {
+        self.post(
+            "/__faults",
+            &serde_json::json!({"operation": operation, "status": 0, "delay": seconds, "times": times}).to_string(),
+        );
+    }
+
+    /// Calls of `operation` seen so far.
+    pub fn calls(&self, operation: &str) -> u64 {
+        let body = self.post("/__calls", "");
+        serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v[operation].as_u64())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
