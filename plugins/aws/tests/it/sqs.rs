@@ -221,17 +221,33 @@ async fn validation_names_the_field() {
 async fn throttling_and_5xx_are_transient_and_carry_aws_codes() {
     let Some(m) = moto() else { return };
     let proxy = crate::support::moto::FaultProxy::start(m);
-    let h = trellis_plugin_sdk::testing::Harness::provider(trellis_provider_aws::AwsProvider::default())
-        .await
-        .expect("harness")
-        .with_config(Value::map().with("region", "us-east-1").with("endpoint", proxy.endpoint.as_str()));
+    let h = trellis_plugin_sdk::testing::Harness::provider(
+        trellis_provider_aws::AwsProvider::default(),
+    )
+    .await
+    .expect("harness")
+    .with_config(
+        Value::map()
+            .with("region", "us-east-1")
+            .with("endpoint", proxy.endpoint.as_str()),
+    );
     let spec = Value::map().with("queueName", unique("throttled").as_str());
     proxy.fail("GetQueueUrl", 400, "ThrottlingException", 1);
-    let err = h.create("aws/sqs/queue", "t", spec.clone()).await.expect_err("throttled");
+    let err = h
+        .create("aws/sqs/queue", "t", spec.clone())
+        .await
+        .expect_err("throttled");
     assert_eq!(err.class, ErrorClass::Transient, "{err:?}");
-    assert!(err.message.contains("ThrottlingException"), "{}", err.message);
+    assert!(
+        err.message.contains("ThrottlingException"),
+        "{}",
+        err.message
+    );
     proxy.fail("CreateQueue", 500, "InternalFailure", 1);
-    let err = h.create("aws/sqs/queue", "t", spec.clone()).await.expect_err("5xx");
+    let err = h
+        .create("aws/sqs/queue", "t", spec.clone())
+        .await
+        .expect_err("5xx");
     assert_eq!(err.class, ErrorClass::Transient, "{err:?}");
     // The faults are used up: the next attempt succeeds, and one queue exists.
     let q = h.create("aws/sqs/queue", "t", spec).await.expect("created");
