@@ -1706,7 +1706,17 @@ impl Resource for Table {
         let want = Settings::from_spec(ctx, &spec, &req.name)?;
         let tags = common::all_tags(ctx, &spec, &req.name)?;
         let name = want.name.clone();
-        match describe(&c, &name).await? {
+        let mut found = describe(&c, &name).await?;
+        if found
+            .as_ref()
+            .is_some_and(|d| d.table_status() == Some(&t::TableStatus::Deleting))
+        {
+            // A table of this name on its way out (an earlier destroy): the name is free
+            // once it is gone.
+            wait_gone(ctx, &c, &name).await?;
+            found = None;
+        }
+        match found {
             Some(d) => {
                 let have = tags_of(&c, d.table_arn().unwrap_or_default()).await?;
                 common::adopt_or_conflict(ctx, &req.name, &have, "table", &name, "tableName")?;

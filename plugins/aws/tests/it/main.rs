@@ -2,4 +2,8 @@
 
 mod support;
 
+mod apigw;
+mod dynamodb;
+mod secrets;
 mod sqs;
+mod ssm;
