@@ -12,12 +12,16 @@ use std::time::Duration;
 
 use trellis_plugin_sdk::prelude::*;
 
+pub mod apigw;
 pub mod common;
 pub mod config;
+pub mod dynamodb;
 pub mod error;
 pub mod links;
 pub mod reference;
+pub mod secrets;
 pub mod sqs;
+pub mod ssm;
 
 use config::ClientCache;
 
@@ -55,7 +59,13 @@ impl Provider for AwsProvider {
 
     fn resources(&self) -> Vec<Box<dyn Resource>> {
         let c = || self.clients.clone();
-        vec![Box::new(sqs::Queue { clients: c() })]
+        vec![
+            Box::new(sqs::Queue { clients: c() }),
+            Box::new(dynamodb::Table { clients: c() }),
+            Box::new(ssm::Parameter { clients: c() }),
+            Box::new(secrets::Secret { clients: c() }),
+            Box::new(apigw::Api { clients: c() }),
+        ]
     }
 
     fn links(&self) -> Vec<Box<dyn Link>> {

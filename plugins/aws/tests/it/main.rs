@@ -3,4 +3,8 @@
 mod support;
 
 mod reference;
+mod apigw;
+mod dynamodb;
+mod secrets;
 mod sqs;
+mod ssm;
