@@ -15,6 +15,9 @@ use trellis_plugin_sdk::prelude::*;
 pub mod common;
 pub mod config;
 pub mod error;
+pub mod events;
+pub mod s3;
+pub mod sns;
 pub mod sqs;
 
 use config::ClientCache;
@@ -52,7 +55,12 @@ impl Provider for AwsProvider {
 
     fn resources(&self) -> Vec<Box<dyn Resource>> {
         let c = || self.clients.clone();
-        vec![Box::new(sqs::Queue { clients: c() })]
+        vec![
+            Box::new(sqs::Queue { clients: c() }),
+            Box::new(sns::Topic { clients: c() }),
+            Box::new(s3::Bucket { clients: c() }),
+            Box::new(events::Rule { clients: c() }),
+        ]
     }
 
     async fn validate_config(&self, ctx: &Context) -> Result<Vec<Diagnostic>> {

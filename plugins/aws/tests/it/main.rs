@@ -2,4 +2,7 @@
 
 mod support;
 
+mod events;
+mod s3;
+mod sns;
 mod sqs;
