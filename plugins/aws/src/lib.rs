@@ -13,15 +13,24 @@ use std::time::Duration;
 use trellis_plugin_sdk::prelude::*;
 
 pub mod apigw;
+pub mod code;
 pub mod common;
 pub mod config;
+pub mod datasources;
 pub mod dynamodb;
 pub mod error;
+pub mod event_source_mapping;
+pub mod events;
+pub mod iam;
+pub mod lambda;
 pub mod links;
 pub mod reference;
+pub mod s3;
 pub mod secrets;
+pub mod sns;
 pub mod sqs;
 pub mod ssm;
+pub mod variables;
 
 use config::ClientCache;
 
@@ -60,11 +69,33 @@ impl Provider for AwsProvider {
     fn resources(&self) -> Vec<Box<dyn Resource>> {
         let c = || self.clients.clone();
         vec![
-            Box::new(sqs::Queue { clients: c() }),
-            Box::new(dynamodb::Table { clients: c() }),
-            Box::new(ssm::Parameter { clients: c() }),
-            Box::new(secrets::Secret { clients: c() }),
             Box::new(apigw::Api { clients: c() }),
+            Box::new(dynamodb::Table { clients: c() }),
+            Box::new(events::Rule { clients: c() }),
+            Box::new(iam::Role { clients: c() }),
+            Box::new(lambda::Function { clients: c() }),
+            Box::new(event_source_mapping::EventSourceMapping { clients: c() }),
+            Box::new(s3::Bucket { clients: c() }),
+            Box::new(secrets::Secret { clients: c() }),
+            Box::new(sns::Topic { clients: c() }),
+            Box::new(sqs::Queue { clients: c() }),
+            Box::new(ssm::Parameter { clients: c() }),
+        ]
+    }
+
+    fn data_sources(&self) -> Vec<Box<dyn DataSource>> {
+        let c = || self.clients.clone();
+        vec![
+            Box::new(datasources::LambdaFunctions { clients: c() }),
+            Box::new(datasources::DynamoTables { clients: c() }),
+            Box::new(datasources::Vpcs { clients: c() }),
+        ]
+    }
+
+    fn custom_variable_types(&self) -> Vec<Box<dyn CustomVariableType>> {
+        vec![
+            Box::new(variables::RegionType),
+            Box::new(variables::InstanceSizeType),
         ]
     }
 

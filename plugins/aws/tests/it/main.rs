@@ -2,9 +2,16 @@
 
 mod support;
 
-mod reference;
 mod apigw;
+mod datasources;
 mod dynamodb;
+mod events;
+mod iam;
+mod lambda;
+mod reference;
+mod s3;
 mod secrets;
+mod sns;
 mod sqs;
 mod ssm;
+mod variables;
