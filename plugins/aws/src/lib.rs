@@ -12,9 +12,13 @@ use std::time::Duration;
 
 use trellis_plugin_sdk::prelude::*;
 
+pub mod code;
 pub mod common;
 pub mod config;
 pub mod error;
+pub mod event_source_mapping;
+pub mod iam;
+pub mod lambda;
 pub mod sqs;
 
 use config::ClientCache;
@@ -52,7 +56,12 @@ impl Provider for AwsProvider {
 
     fn resources(&self) -> Vec<Box<dyn Resource>> {
         let c = || self.clients.clone();
-        vec![Box::new(sqs::Queue { clients: c() })]
+        vec![
+            Box::new(sqs::Queue { clients: c() }),
+            Box::new(iam::Role { clients: c() }),
+            Box::new(lambda::Function { clients: c() }),
+            Box::new(event_source_mapping::EventSourceMapping { clients: c() }),
+        ]
     }
 
     async fn validate_config(&self, ctx: &Context) -> Result<Vec<Diagnostic>> {

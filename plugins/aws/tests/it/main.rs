@@ -2,4 +2,6 @@
 
 mod support;
 
+mod iam;
+mod lambda;
 mod sqs;
