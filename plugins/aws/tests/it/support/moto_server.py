@@ -3,7 +3,12 @@
 The test process holds the other end of stdin, so the server goes when the tests do,
 however they end.
 """
+import os
 import sys
+
+# AWS's own managed policies (AWSLambdaBasicExecutionRole, attached to a function's own
+# role) exist in moto only with this; it is read when IAM first starts.
+os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
 
 from moto.server import ThreadedMotoServer
 
