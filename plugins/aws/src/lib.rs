@@ -14,9 +14,11 @@ use trellis_plugin_sdk::prelude::*;
 
 pub mod common;
 pub mod config;
+pub mod datasources;
 pub mod error;
 pub mod links;
 pub mod sqs;
+pub mod variables;
 
 use config::ClientCache;
 
@@ -55,6 +57,22 @@ impl Provider for AwsProvider {
     fn resources(&self) -> Vec<Box<dyn Resource>> {
         let c = || self.clients.clone();
         vec![Box::new(sqs::Queue { clients: c() })]
+    }
+
+    fn data_sources(&self) -> Vec<Box<dyn DataSource>> {
+        let c = || self.clients.clone();
+        vec![
+            Box::new(datasources::LambdaFunctions { clients: c() }),
+            Box::new(datasources::DynamoTables { clients: c() }),
+            Box::new(datasources::Vpcs { clients: c() }),
+        ]
+    }
+
+    fn custom_variable_types(&self) -> Vec<Box<dyn CustomVariableType>> {
+        vec![
+            Box::new(variables::RegionType),
+            Box::new(variables::InstanceSizeType),
+        ]
     }
 
     fn links(&self) -> Vec<Box<dyn Link>> {

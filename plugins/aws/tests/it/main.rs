@@ -2,4 +2,6 @@
 
 mod support;
 
+mod datasources;
 mod sqs;
+mod variables;
