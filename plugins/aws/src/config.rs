@@ -189,6 +189,7 @@ pub struct Clients {
     pub region: String,
     pub apigw: aws_sdk_apigatewayv2::Client,
     pub dynamodb: aws_sdk_dynamodb::Client,
+    pub ec2: aws_sdk_ec2::Client,
     pub events: aws_sdk_eventbridge::Client,
     pub iam: aws_sdk_iam::Client,
     pub lambda: aws_sdk_lambda::Client,
@@ -254,6 +255,7 @@ impl Clients {
         Ok(Clients {
             apigw: client!(aws_sdk_apigatewayv2, &sdk, settings, "apigatewayv2"),
             dynamodb: client!(aws_sdk_dynamodb, &sdk, settings, "dynamodb"),
+            ec2: client!(aws_sdk_ec2, &sdk, settings, "ec2"),
             events: client!(aws_sdk_eventbridge, &sdk, settings, "events"),
             iam: client!(aws_sdk_iam, &sdk, settings, "iam"),
             lambda: client!(aws_sdk_lambda, &sdk, settings, "lambda"),
