@@ -35,6 +35,8 @@ const THROTTLING: &[&str] = &[
     "ServiceException",
     "RequestTimeout",
     "RequestTimeoutException",
+    // SSM: concurrent updates of one parameter.
+    "TooManyUpdates",
 ];
 
 const CONFLICT: &[&str] = &[
@@ -70,6 +72,8 @@ const NOT_FOUND: &[&str] = &[
     "ParameterNotFound",
     "TableNotFoundException",
     "InvalidVpcID.NotFound",
+    // SSM: tagging or listing the tags of a parameter that is gone.
+    "InvalidResourceId",
 ];
 
 const PERMISSION: &[&str] = &[
@@ -84,6 +88,9 @@ const PERMISSION: &[&str] = &[
     "AuthFailure",
     "AuthorizationError",
     "KMSAccessDeniedException",
+    // Secrets Manager: KMS refused to decrypt or encrypt the value.
+    "DecryptionFailure",
+    "EncryptionFailure",
 ];
 
 /// The class an AWS error code and HTTP status stand for.
@@ -125,7 +132,12 @@ where
             let e = se.err();
             let code = e.code();
             let message = e.message().unwrap_or("");
-            let class = classify(code, status);
+            let mut class = classify(code, status);
+            // Lambda answers an update made while another is in progress with a conflict that
+            // clears by itself: worth the engine's retry.
+            if code == Some("ResourceConflictException") && message.contains("at this time") {
+                class = ErrorClass::Transient;
+            }
             let mut out = PluginError::new(
                 class,
                 format!(
@@ -278,6 +290,18 @@ mod tests {
             ErrorClass::BadInput
         );
         assert_eq!(classify(None, None), ErrorClass::Internal);
+        assert_eq!(
+            classify(Some("TooManyUpdates"), Some(400)),
+            ErrorClass::Transient
+        );
+        assert_eq!(
+            classify(Some("InvalidResourceId"), Some(400)),
+            ErrorClass::NotFound
+        );
+        assert_eq!(
+            classify(Some("DecryptionFailure"), Some(400)),
+            ErrorClass::Permission
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod dynamodb;
 mod events;
 mod iam;
 mod lambda;
+mod links;
 mod reference;
 mod s3;
 mod secrets;
