@@ -224,3 +224,142 @@ fn a_deploy_killed_mid_create_recovers_without_a_second_queue() {
     assert!(out.status.success(), "{out:?}");
     assert!(boto(m, "sqs", "get_queue_url", json!({"QueueName": name})).is_err());
 }
+
+/// Copies `examples/<rel>` (a file or a directory) under `root`.
+fn copy_example(root: &Path, rel: &str) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(rel);
+    let to = root.join("examples").join(rel);
+    if from.is_dir() {
+        std::fs::create_dir_all(&to).expect("dir");
+        for e in std::fs::read_dir(&from).expect("read dir") {
+            let e = e.expect("entry");
+            std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
+        }
+    } else {
+        std::fs::create_dir_all(to.parent().expect("parent")).expect("dir");
+        std::fs::copy(&from, &to).expect("copy");
+    }
+}
+
+#[test]
+fn the_readme_orders_api_example_deploys_links_and_destroys() {
+    let Some(m) = moto() else { return };
+    let dir = TempDir::new("aws-e2e-orders");
+    let root = dir.path();
+    copy_example(root, "orders-api.yaml");
+    copy_example(root, "orders-api");
+    let engine = engine(root, m);
+    // The README's blueprint as written: environment `staging`, names `orders-staging-*`
+    // (one moto per test binary, and no other test uses them).
+    let out = engine.cli(&["deploy", "examples/orders-api.yaml", "--instance", "o"]);
+    assert!(out.status.success(), "{out:?}");
+    let prefix_staging = "orders-staging";
+
+    // The table, the two buckets and the debug bucket exist.
+    let table = boto(
+        m,
+        "dynamodb",
+        "describe_table",
+        json!({"TableName": format!("{prefix_staging}-orders")}),
+    )
+    .expect("table")["Table"]["TableArn"]
+        .as_str()
+        .expect("arn")
+        .to_owned();
+    for b in ["orders-0", "invoices-1", "debug"] {
+        boto(
+            m,
+            "s3",
+            "head_bucket",
+            json!({"Bucket": format!("{prefix_staging}-{b}")}),
+        )
+        .expect("bucket");
+    }
+    // The function: its variables from the blueprint, the secret one included.
+    let name = format!("{prefix_staging}-save-order");
+    let cfg = boto(
+        m,
+        "lambda",
+        "get_function_configuration",
+        json!({"FunctionName": name}),
+    )
+    .expect("function");
+    let vars = &cfg["Environment"]["Variables"];
+    assert_eq!(vars["TABLE"], format!("{prefix_staging}-orders"), "{vars}");
+    assert_eq!(
+        vars["FIRST_BUCKET"],
+        format!("{prefix_staging}-orders-0"),
+        "{vars}"
+    );
+    assert_eq!(vars["DATABASE_PASSWORD"], "change-me", "{vars}");
+    // Its own role, and the links' policies naming the table and the buckets it selects.
+    let role = cfg["Role"]
+        .as_str()
+        .expect("role")
+        .rsplit('/')
+        .next()
+        .expect("name")
+        .to_owned();
+    let policies = boto(m, "iam", "list_role_policies", json!({"RoleName": role}))
+        .expect("policies")["PolicyNames"]
+        .clone();
+    let names: Vec<&str> = policies
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|p| p.as_str())
+        .collect();
+    assert!(names.contains(&"trellis-link-ordersTable"), "{policies}");
+    let doc = boto(
+        m,
+        "iam",
+        "get_role_policy",
+        json!({"RoleName": role, "PolicyName": "trellis-link-ordersTable"}),
+    )
+    .expect("policy")["PolicyDocument"]
+        .to_string();
+    assert!(doc.contains(&table), "{doc}");
+    assert!(
+        names
+            .iter()
+            .filter(|n| n.starts_with("trellis-link-buckets"))
+            .count()
+            == 2,
+        "{policies}"
+    );
+
+    // Nothing drifted.
+    let (code, drift) = engine.json(&["drift", "--instance", "o"]);
+    assert_eq!(code, 0, "{drift}");
+
+    // Destroy leaves nothing: function, its role, table, buckets.
+    let out = engine.cli(&["destroy", "--instance", "o"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(boto(m, "lambda", "get_function", json!({"FunctionName": name})).is_err());
+    assert!(
+        boto(m, "iam", "get_role", json!({"RoleName": role})).is_err(),
+        "the owned role is gone"
+    );
+    assert!(
+        boto(
+            m,
+            "dynamodb",
+            "describe_table",
+            json!({"TableName": format!("{prefix_staging}-orders")})
+        )
+        .is_err()
+    );
+    for b in ["orders-0", "invoices-1", "debug"] {
+        assert!(
+            boto(
+                m,
+                "s3",
+                "head_bucket",
+                json!({"Bucket": format!("{prefix_staging}-{b}")})
+            )
+            .is_err()
+        );
+    }
+}
