@@ -363,3 +363,297 @@ fn the_readme_orders_api_example_deploys_links_and_destroys() {
         );
     }
 }
+
+/// The AWS names of `examples/events-app.yaml` deployed with `prefix`.
+struct EventsApp {
+    topic: String,
+    queue: String,
+    api: String,
+    function: String,
+}
+
+impl EventsApp {
+    fn new(prefix: &str) -> EventsApp {
+        EventsApp {
+            topic: format!("{prefix}-events"),
+            queue: format!("{prefix}-inbox"),
+            api: format!("{prefix}-api"),
+            function: format!("{prefix}-worker"),
+        }
+    }
+}
+
+/// The ARN of the topic named `name`, if it exists.
+fn topic_arn(m: &Moto, name: &str) -> Option<String> {
+    let topics = boto(m, "sns", "list_topics", json!({})).expect("topics")["Topics"].clone();
+    topics
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|t| t["TopicArn"].as_str())
+        .find(|arn| arn.rsplit(':').next() == Some(name))
+        .map(str::to_owned)
+}
+
+/// The id of the HTTP API named `name`, if it exists.
+fn api_id(m: &Moto, name: &str) -> Option<String> {
+    let apis = boto(m, "apigatewayv2", "get_apis", json!({})).expect("apis")["Items"].clone();
+    apis.as_array()
+        .expect("list")
+        .iter()
+        .find(|a| a["Name"] == name)
+        .and_then(|a| a["ApiId"].as_str())
+        .map(str::to_owned)
+}
+
+#[test]
+fn the_events_app_example_deploys_its_links_and_destroys() {
+    let Some(m) = moto() else { return };
+    let dir = TempDir::new("aws-e2e-events");
+    let root = dir.path();
+    // The blueprint and its code side by side in the engine's working directory, so that
+    // `codeUri: events-app` names the code relative to the blueprint file and to the engine.
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    std::fs::copy(
+        examples.join("events-app.yaml"),
+        root.join("events-app.yaml"),
+    )
+    .expect("copy the blueprint");
+    std::fs::create_dir_all(root.join("events-app")).expect("dir");
+    for e in std::fs::read_dir(examples.join("events-app")).expect("read dir") {
+        let e = e.expect("entry");
+        std::fs::copy(e.path(), root.join("events-app").join(e.file_name())).expect("copy");
+    }
+    let engine = engine(root, m);
+    // The blueprint as written, its names prefixed for this test (moto is shared).
+    let prefix = unique("events-app");
+    let names = EventsApp::new(&prefix);
+    let var = format!("prefix={prefix}");
+    let out = engine.cli(&[
+        "deploy",
+        "events-app.yaml",
+        "--instance",
+        "ev",
+        "--var",
+        &var,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+
+    // The engine's record: four resources and three links, all created.
+    let inst = engine.instance("ev");
+    let links = inst["links"].as_array().expect("links");
+    let mut pairs: Vec<(&str, &str, &str)> = links
+        .iter()
+        .map(|l| {
+            assert_eq!(l["status"], "CREATED", "{l}");
+            (
+                l["resourceA"].as_str().unwrap_or(""),
+                l["resourceB"].as_str().unwrap_or(""),
+                l["linkType"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    pairs.sort_unstable();
+    assert_eq!(
+        pairs,
+        [
+            ("events", "inbox", "aws/sns/topic::aws/sqs/queue"),
+            (
+                "httpApi",
+                "worker",
+                "aws/apigatewayv2/api::aws/lambda/function"
+            ),
+            ("inbox", "worker", "aws/sqs/queue::aws/lambda/function"),
+        ],
+        "{inst}"
+    );
+
+    // The resources.
+    let topic = topic_arn(m, &names.topic).expect("the topic exists");
+    let queue = queue_attrs(m, &names.queue);
+    let queue_arn = queue["QueueArn"].as_str().expect("queue arn").to_owned();
+    assert_eq!(queue["VisibilityTimeout"], "60");
+    let api = api_id(m, &names.api).expect("the API exists");
+    let cfg = boto(
+        m,
+        "lambda",
+        "get_function_configuration",
+        json!({"FunctionName": names.function}),
+    )
+    .expect("the function exists");
+    let function_arn = cfg["FunctionArn"].as_str().expect("arn").to_owned();
+    assert_eq!(cfg["Handler"], "handler.handler");
+    // No `role` in the blueprint: the function's own execution role.
+    let role = cfg["Role"]
+        .as_str()
+        .expect("role")
+        .rsplit('/')
+        .next()
+        .expect("name")
+        .to_owned();
+    boto(m, "iam", "get_role", json!({"RoleName": role})).expect("the function's own role");
+    assert_eq!(
+        inst["exports"]["topicArn"], topic,
+        "the export holds the topic's ARN: {inst}"
+    );
+    assert!(
+        inst["exports"]["apiEndpoint"]
+            .as_str()
+            .is_some_and(|e| e.contains(&api)),
+        "the export holds the API's endpoint: {inst}"
+    );
+
+    // Topic → queue: the queue subscribes, and its policy lets the topic send.
+    let subs = boto(
+        m,
+        "sns",
+        "list_subscriptions_by_topic",
+        json!({"TopicArn": topic}),
+    )
+    .expect("subscriptions")["Subscriptions"]
+        .clone();
+    let subs = subs.as_array().expect("list");
+    assert_eq!(subs.len(), 1, "{subs:?}");
+    assert_eq!(subs[0]["Protocol"], "sqs", "{subs:?}");
+    assert_eq!(subs[0]["Endpoint"], queue_arn.as_str(), "{subs:?}");
+    let policy: Value =
+        serde_json::from_str(queue["Policy"].as_str().expect("a queue policy")).expect("json");
+    let statement = policy["Statement"]
+        .as_array()
+        .expect("statements")
+        .iter()
+        .find(|s| s["Principal"]["Service"] == "sns.amazonaws.com")
+        .unwrap_or_else(|| panic!("no statement for SNS: {policy}"));
+    assert_eq!(statement["Action"], "sqs:SendMessage", "{statement}");
+    assert_eq!(statement["Resource"], queue_arn.as_str(), "{statement}");
+    assert_eq!(
+        statement["Condition"]["ArnEquals"]["aws:SourceArn"],
+        topic.as_str(),
+        "{statement}"
+    );
+
+    // Queue → function: one event source mapping with the queue's batch size, and receive
+    // rights on the function's role.
+    let mappings = boto(
+        m,
+        "lambda",
+        "list_event_source_mappings",
+        json!({"FunctionName": function_arn, "EventSourceArn": queue_arn}),
+    )
+    .expect("mappings")["EventSourceMappings"]
+        .clone();
+    let mappings = mappings.as_array().expect("list");
+    assert_eq!(mappings.len(), 1, "{mappings:?}");
+    assert_eq!(mappings[0]["BatchSize"], 5, "{mappings:?}");
+    let receive = boto(
+        m,
+        "iam",
+        "get_role_policy",
+        json!({"RoleName": role, "PolicyName": "trellis-trigger-inbox"}),
+    )
+    .expect("the trigger's policy")["PolicyDocument"]
+        .to_string();
+    assert!(
+        receive.contains("sqs:ReceiveMessage") && receive.contains(&queue_arn),
+        "{receive}"
+    );
+
+    // API → function: an AWS_PROXY integration, the annotation's route to it, and the
+    // invoke permission for this API.
+    let integrations = boto(m, "apigatewayv2", "get_integrations", json!({"ApiId": api}))
+        .expect("integrations")["Items"]
+        .clone();
+    let integration = integrations
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|i| i["IntegrationUri"] == function_arn.as_str())
+        .unwrap_or_else(|| panic!("no integration with the function: {integrations}"))
+        .clone();
+    assert_eq!(integration["IntegrationType"], "AWS_PROXY", "{integration}");
+    assert_eq!(integration["PayloadFormatVersion"], "2.0", "{integration}");
+    let routes =
+        boto(m, "apigatewayv2", "get_routes", json!({"ApiId": api})).expect("routes")["Items"]
+            .clone();
+    let route = routes
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|r| r["RouteKey"] == "POST /events")
+        .unwrap_or_else(|| panic!("no route POST /events: {routes}"));
+    assert_eq!(
+        route["Target"],
+        format!(
+            "integrations/{}",
+            integration["IntegrationId"].as_str().expect("id")
+        ),
+        "{route}"
+    );
+    let policy = boto(
+        m,
+        "lambda",
+        "get_policy",
+        json!({"FunctionName": names.function}),
+    )
+    .expect("the function's policy")["Policy"]
+        .clone();
+    let policy: Value = serde_json::from_str(policy.as_str().expect("json text")).expect("json");
+    let invoke = policy["Statement"]
+        .as_array()
+        .expect("statements")
+        .iter()
+        .find(|s| s["Principal"]["Service"] == "apigateway.amazonaws.com")
+        .unwrap_or_else(|| panic!("no invoke permission for API Gateway: {policy}"));
+    assert_eq!(invoke["Action"], "lambda:InvokeFunction", "{invoke}");
+    assert!(
+        invoke["Condition"].to_string().contains(&api),
+        "the permission is for this API: {invoke}"
+    );
+
+    // Nothing drifted.
+    let (code, drift) = engine.json(&["drift", "--instance", "ev"]);
+    assert_eq!(code, 0, "{drift}");
+
+    // Destroy leaves nothing: the links' effects, the four resources, the function's role.
+    let out = engine.cli(&["destroy", "--instance", "ev"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(topic_arn(m, &names.topic), None, "the topic is gone");
+    assert_eq!(
+        boto(m, "sqs", "get_queue_url", json!({"QueueName": names.queue}))
+            .err()
+            .as_deref(),
+        Some("AWS.SimpleQueueService.NonExistentQueue"),
+        "the queue is gone"
+    );
+    assert_eq!(api_id(m, &names.api), None, "the API is gone");
+    assert!(
+        boto(
+            m,
+            "lambda",
+            "get_function",
+            json!({"FunctionName": names.function})
+        )
+        .is_err(),
+        "the function is gone"
+    );
+    assert!(
+        boto(m, "iam", "get_role", json!({"RoleName": role})).is_err(),
+        "the function's own role is gone"
+    );
+    let mappings = boto(
+        m,
+        "lambda",
+        "list_event_source_mappings",
+        json!({"EventSourceArn": queue_arn}),
+    )
+    .expect("mappings")["EventSourceMappings"]
+        .clone();
+    assert_eq!(mappings.as_array().map(Vec::len), Some(0), "{mappings}");
+    let subs =
+        boto(m, "sns", "list_subscriptions", json!({})).expect("subscriptions")["Subscriptions"]
+            .clone();
+    assert!(
+        !subs.to_string().contains(&queue_arn),
+        "no subscription of the queue is left: {subs}"
+    );
+}
