@@ -1,5 +1,7 @@
 //! The [`Context`] every plugin callback receives.
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -28,6 +30,7 @@ pub struct Context {
     deadline: Option<SystemTime>,
     cancel: CancellationToken,
     progress: Option<UnboundedSender<pb::ApplyResourceEvent>>,
+    local_assets: HashMap<String, PathBuf>,
 }
 
 impl Context {
@@ -42,6 +45,7 @@ impl Context {
             deadline: None,
             cancel: CancellationToken::new(),
             progress: None,
+            local_assets: HashMap::new(),
         }
     }
 
@@ -62,6 +66,11 @@ impl Context {
             deadline,
             cancel,
             progress,
+            local_assets: call
+                .local_assets
+                .into_iter()
+                .map(|(uri, path)| (uri, PathBuf::from(path)))
+                .collect(),
         }
     }
 
@@ -75,6 +84,20 @@ impl Context {
     pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Context {
         self.idempotency_key = key.into();
         self
+    }
+
+    /// Adds a local asset: what the engine sends for a `local_asset` field's
+    /// `asset:sha256:<hex>/<name>` value (for unit tests and harnesses).
+    pub fn with_local_asset(mut self, uri: impl Into<String>, path: impl Into<PathBuf>) -> Context {
+        self.local_assets.insert(uri.into(), path.into());
+        self
+    }
+
+    /// Where the content of a local asset is, for a `local_asset` field's value
+    /// (`asset:sha256:<hex>/<name>`): a read-only file or directory the engine keeps, named
+    /// `<name>`'s last part. None for any other value, or one the engine did not send.
+    pub fn local_asset(&self, uri: &str) -> Option<&Path> {
+        self.local_assets.get(uri).map(PathBuf::as_path)
     }
 
     /// Unique per call; in logs and for Cancel.

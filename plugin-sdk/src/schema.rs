@@ -403,6 +403,7 @@ pub struct Field {
     computed: bool,
     sensitive: bool,
     must_recreate: bool,
+    local_asset: bool,
 }
 
 impl Field {
@@ -414,6 +415,7 @@ impl Field {
             computed: false,
             sensitive: false,
             must_recreate: false,
+            local_asset: false,
         }
     }
     pub fn any() -> Field {
@@ -462,6 +464,16 @@ impl Field {
         self.must_recreate = true;
         self
     }
+    /// A string naming a file or directory on the caller's machine, relative to the blueprint
+    /// (unless it has a URI scheme): the client sends it, and the call receives
+    /// `asset:sha256:<hex>/<name>` with the content's path in [`Context::local_asset`]
+    /// (docs/assets.md).
+    ///
+    /// [`Context::local_asset`]: crate::Context::local_asset
+    pub fn local_asset(mut self) -> Field {
+        self.local_asset = true;
+        self
+    }
     pub fn describe(mut self, description: impl Into<String>) -> Field {
         self.schema.description = description.into();
         self
@@ -490,6 +502,9 @@ impl Field {
     pub fn is_must_recreate(&self) -> bool {
         self.must_recreate
     }
+    pub fn is_local_asset(&self) -> bool {
+        self.local_asset
+    }
 
     pub fn to_proto(&self, name: &str) -> pb::SchemaField {
         pb::SchemaField {
@@ -499,6 +514,7 @@ impl Field {
             computed: self.computed,
             sensitive: self.sensitive,
             must_recreate: self.must_recreate,
+            local_asset: self.local_asset,
         }
     }
 
@@ -509,6 +525,7 @@ impl Field {
             computed: f.computed,
             sensitive: f.sensitive,
             must_recreate: f.must_recreate,
+            local_asset: f.local_asset,
         }
     }
 }

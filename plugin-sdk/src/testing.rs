@@ -212,6 +212,7 @@ impl Harness {
             instance_id: "harness-instance".to_owned(),
             idempotency_key: format!("harness-key-{n}"),
             deadline_unix_ms: 0,
+            local_assets: Default::default(),
         }
     }
 

@@ -6,9 +6,11 @@
 //!   by path, every timestamp 1980-01-01, file modes kept, paths relative to the
 //!   directory), so unchanged code has the same sha256 and is not uploaded again.
 //!
-//! Local paths are read by the provider, absolute or relative to its working directory.
-//! Everything goes through [`load`], so that later the engine can hand the provider the
-//! files instead without the resource type changing.
+//! `codeUri` is a `local_asset` field: under the engine, a path the blueprint writes reaches
+//! the provider as `asset:sha256:<hex>/<name>`, with the path of the engine's copy of the
+//! content (sent by the client, relative to the blueprint) in the call's context. A plain
+//! path is read as given only when the provider is called directly (tests, another host); a
+//! `file://` URI is refused, so a request can never name a file on the engine's host.
 
 use std::fs;
 use std::io::{Cursor, Read, Write};
@@ -57,8 +59,9 @@ impl std::fmt::Debug for Package {
     }
 }
 
-/// The package `uri` names. Errors are BAD_INPUT (the caller puts them at its field).
-pub async fn load(uri: &str) -> Result<Code> {
+/// The package `uri` names (`ctx` holds the local assets the engine sent). Errors are
+/// BAD_INPUT (the caller puts them at its field).
+pub async fn load(ctx: &Context, uri: &str) -> Result<Code> {
     if let Some(rest) = uri.strip_prefix("s3://") {
         return Ok(Code {
             package: Package::S3(parse_s3(rest).ok_or_else(|| {
@@ -69,7 +72,19 @@ pub async fn load(uri: &str) -> Result<Code> {
             sha256: None,
         });
     }
-    let path = PathBuf::from(uri.strip_prefix("file://").unwrap_or(uri));
+    let path = if uri.starts_with("asset:") {
+        ctx.local_asset(uri).map(Path::to_path_buf).ok_or_else(|| {
+            PluginError::bad_input(format!(
+                "the engine sent no content for `{uri}`; plan the change again"
+            ))
+        })?
+    } else if uri.contains("://") {
+        return Err(PluginError::bad_input(format!(
+            "`{uri}`: write s3://bucket/key, or a path relative to the blueprint (the client sends its content)"
+        )));
+    } else {
+        PathBuf::from(uri)
+    };
     let uri = uri.to_owned();
     tokio::task::spawn_blocking(move || load_local(&uri, &path))
         .await
@@ -308,8 +323,12 @@ mod tests {
             use std::os::unix::fs::PermissionsExt;
             fs::set_permissions(d.join("z.py"), fs::Permissions::from_mode(0o755)).expect("chmod");
         }
-        let ca = load(a.to_str().expect("utf-8")).await.expect("packed");
-        let cb = load(b.to_str().expect("utf-8")).await.expect("packed");
+        let ca = load(&Context::new(Value::Null), a.to_str().expect("utf-8"))
+            .await
+            .expect("packed");
+        let cb = load(&Context::new(Value::Null), b.to_str().expect("utf-8"))
+            .await
+            .expect("packed");
         assert_eq!(ca, cb);
         let Package::Zip(bytes) = &ca.package else {
             panic!("a zip")
@@ -338,7 +357,9 @@ mod tests {
 
         // A change to one file changes the sha256.
         write(&b.join("z.py"), "z = 2\n");
-        let cb2 = load(b.to_str().expect("utf-8")).await.expect("packed");
+        let cb2 = load(&Context::new(Value::Null), b.to_str().expect("utf-8"))
+            .await
+            .expect("packed");
         assert_ne!(ca.sha256, cb2.sha256);
         let _ = fs::remove_dir_all(&a);
         let _ = fs::remove_dir_all(&b);
@@ -350,35 +371,54 @@ mod tests {
         write(&d.join("src/h.py"), "x = 1\n");
         let bytes = pack_dir(&d.join("src")).expect("packed");
         fs::write(d.join("code.zip"), &bytes).expect("write");
-        let code = load(d.join("code.zip").to_str().expect("utf-8"))
-            .await
-            .expect("loaded");
+        let code = load(
+            &Context::new(Value::Null),
+            d.join("code.zip").to_str().expect("utf-8"),
+        )
+        .await
+        .expect("loaded");
         assert_eq!(code.package, Package::Zip(bytes.clone()));
         assert_eq!(code.sha256, Some(sha256_base64(&bytes)));
 
         write(&d.join("fake.zip"), "not a zip");
-        let e = load(d.join("fake.zip").to_str().expect("utf-8"))
-            .await
-            .expect_err("not a zip");
+        let e = load(
+            &Context::new(Value::Null),
+            d.join("fake.zip").to_str().expect("utf-8"),
+        )
+        .await
+        .expect_err("not a zip");
         assert_eq!(e.class, ErrorClass::BadInput);
         assert!(e.message.contains("not a zip"), "{}", e.message);
-        let e = load(d.join("src/h.py").to_str().expect("utf-8"))
-            .await
-            .expect_err("not a package");
+        let e = load(
+            &Context::new(Value::Null),
+            d.join("src/h.py").to_str().expect("utf-8"),
+        )
+        .await
+        .expect_err("not a package");
         assert!(
             e.message.contains("a .zip file or a directory"),
             "{}",
             e.message
         );
-        let e = load(d.join("missing").to_str().expect("utf-8"))
-            .await
-            .expect_err("missing");
+        let e = load(
+            &Context::new(Value::Null),
+            d.join("missing").to_str().expect("utf-8"),
+        )
+        .await
+        .expect_err("missing");
         assert_eq!(e.class, ErrorClass::BadInput);
-        let s3 = load("s3://bucket/code/fn.zip?versionId=3")
-            .await
-            .expect("s3");
+        let s3 = load(
+            &Context::new(Value::Null),
+            "s3://bucket/code/fn.zip?versionId=3",
+        )
+        .await
+        .expect("s3");
         assert_eq!(s3.sha256, None);
-        assert!(load("s3://bucket").await.is_err());
+        assert!(
+            load(&Context::new(Value::Null), "s3://bucket")
+                .await
+                .is_err()
+        );
         let _ = fs::remove_dir_all(&d);
     }
 
@@ -388,7 +428,9 @@ mod tests {
         let d = temp_dir("loop");
         write(&d.join("h.py"), "x = 1\n");
         std::os::unix::fs::symlink(&d, d.join("up")).expect("symlink");
-        let e = load(d.to_str().expect("utf-8")).await.expect_err("a loop");
+        let e = load(&Context::new(Value::Null), d.to_str().expect("utf-8"))
+            .await
+            .expect_err("a loop");
         assert!(e.message.contains("links back"), "{}", e.message);
         let _ = fs::remove_dir_all(&d);
     }

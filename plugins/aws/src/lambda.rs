@@ -392,9 +392,9 @@ fn function_code(code: &Code) -> FunctionCode {
     }
 }
 
-async fn load_code(spec: &Spec<'_>) -> Result<Code> {
+async fn load_code(ctx: &Context, spec: &Spec<'_>) -> Result<Code> {
     let uri = spec.get_str("codeUri")?;
-    code::load(uri)
+    code::load(ctx, uri)
         .await
         .map_err(|e| e.at(spec.path_of("codeUri")))
 }
@@ -797,7 +797,7 @@ impl Resource for Function {
         Schema::object()
             .describe("A Lambda function; fields as CloudFormation's AWS::Lambda::Function in lowerCamelCase, with `codeUri`, `tracing` and `environment.variables` as the specification writes them")
             .field("functionName", Field::string().must_recreate().describe("Up to 64 letters, digits, `-` and `_`. Derived from the instance and resource name when not set."))
-            .field("codeUri", Field::string().required().describe("The code: `s3://bucket/key` (with `?versionId=...` for one version), a local `.zip` file, or a local directory (packed into a zip)"))
+            .field("codeUri", Field::string().required().local_asset().describe("The code: `s3://bucket/key` (with `?versionId=...` for one version), or a `.zip` file or a directory (packed into a zip) relative to the blueprint, whose content the client sends with the plan"))
             .field("handler", Field::string().describe("The function's entry point, like `save_order.handler`"))
             .field("runtime", Field::string().describe("The runtime, like `python3.12` or `nodejs20.x`"))
             .field("tracing", Field::string().allowed(["Active", "PassThrough"]).describe("X-Ray tracing: Active or PassThrough (the default)"))
@@ -949,7 +949,7 @@ impl Resource for Function {
         let spec = req.spec();
         let name = function_name(ctx, &spec, &req.name)?;
         let s = Settings::of(&spec)?;
-        let code = load_code(&spec).await?;
+        let code = load_code(ctx, &spec).await?;
         if let Some(found) = get_function(&c, &name).await? {
             common::adopt_or_conflict(
                 ctx,
@@ -1015,7 +1015,7 @@ impl Resource for Function {
         } else {
             req.current.external_id.clone()
         };
-        let code = load_code(&spec).await?;
+        let code = load_code(ctx, &spec).await?;
         let before = req.current.spec();
         let before_state = req.current.state();
         converge(

@@ -200,6 +200,9 @@ struct StoredInputs {
     environment: Environment,
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     engine_injectors: IndexMap<String, Json>,
+    /// Local assets, path → digest (their content is in the engine's asset store).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    assets: IndexMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -398,6 +401,7 @@ impl From<&Inputs> for StoredInputs {
             include_chain: i.include_chain.clone(),
             environment: i.environment.clone(),
             engine_injectors: i.engine_injectors.clone(),
+            assets: i.assets.clone(),
         }
     }
 }
@@ -415,6 +419,7 @@ impl From<StoredInputs> for Inputs {
             include_chain: i.include_chain,
             environment: i.environment,
             engine_injectors: i.engine_injectors,
+            assets: i.assets,
         }
     }
 }

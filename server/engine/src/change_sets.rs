@@ -20,6 +20,7 @@ pub(crate) struct Planned {
 struct PlanFailure {
     message: String,
     diagnostics: Vec<Json>,
+    missing_assets: Vec<String>,
 }
 
 impl PlanFailure {
@@ -31,6 +32,7 @@ impl PlanFailure {
                 prepared.errors_text()
             ),
             diagnostics: prepared.diagnostics_json(),
+            missing_assets: prepared.missing_assets.clone(),
         }
     }
 }
@@ -40,6 +42,7 @@ impl From<String> for PlanFailure {
         PlanFailure {
             message,
             diagnostics: Vec::new(),
+            missing_assets: Vec::new(),
         }
     }
 }
@@ -52,6 +55,7 @@ impl From<PlanFailure> for EngineError {
             EngineError::InvalidBlueprint {
                 message: f.message,
                 diagnostics: f.diagnostics,
+                missing_assets: f.missing_assets,
             }
         }
     }
@@ -83,6 +87,8 @@ struct ChildInputs<'a> {
     now: i128,
     /// The parent's environment and engine injectors: a child is planned with them.
     settings: (&'a settings::Environment, &'a IndexMap<String, Json>),
+    /// The parent's local assets: a child names them relative to its own file.
+    assets: &'a IndexMap<String, String>,
 }
 
 /// A child whose changes are worked out only at deploy.
@@ -235,7 +241,7 @@ impl Engine {
                 "an instance name is required".into(),
             ));
         }
-        let files = self.read_source(source)?;
+        let (files, assets) = self.read_source(source)?;
         let mut inputs = Inputs {
             files,
             variables,
@@ -243,6 +249,7 @@ impl Engine {
             include_chain,
             environment,
             engine_injectors,
+            assets,
         };
         // A new instance is planned from empty state and recorded only with its first change
         // set: a blueprint that fails to plan leaves no instance behind.
@@ -454,6 +461,7 @@ impl Engine {
                 chain: chain.clone(),
                 now: inputs.now_unix_nanos,
                 settings: (&inputs.environment, &inputs.engine_injectors),
+                assets: &inputs.assets,
             };
             let found = out.files.len();
             let planned = self.plan_child(child, &files, &state, plugins, &mut out.files)?;
@@ -512,6 +520,7 @@ impl Engine {
             chain,
             now,
             settings,
+            assets,
         } = child;
         let max = self.config.request_limits();
         variables.extend(plan::placeholder_variables(&declared, &unknown));
@@ -530,6 +539,7 @@ impl Engine {
             include_chain: chain,
             environment: settings.0.clone(),
             engine_injectors: settings.1.clone(),
+            assets: assets.clone(),
         };
         let cwd = self.config.cwd.display().to_string();
         let mut prepared = prepare::prepare(&inputs, max, plugins, &cwd);

@@ -202,6 +202,7 @@ impl Engine {
             file_name,
             content,
             children: files,
+            assets: inputs.assets.clone(),
         };
         let request = format!("{}:rollback:restore:{instance}", ctx.operation.id);
         let op = ctx
@@ -336,6 +337,7 @@ impl Engine {
                 file_name: file,
                 content,
                 children: others,
+                assets: inputs.assets.clone(),
             };
             let child_plan = planned.iter().find(|c| c.name == name);
             let state = self.child_state(&instance)?;

@@ -38,11 +38,19 @@ pub(crate) fn plan_request_digest(
             file_name,
             content,
             children,
+            assets,
         } => {
             count = children.len().to_le_bytes();
             parts.extend([b"inline".as_slice(), file_name.as_bytes(), content, &count]);
             for (name, body) in children {
                 parts.extend([name.as_bytes(), body.as_slice()]);
+            }
+            // Only when sent, so the digests of requests without assets are unchanged.
+            if !assets.is_empty() {
+                parts.push(b"--assets--");
+                for (path, digest) in assets {
+                    parts.extend([path.as_bytes(), digest.as_bytes()]);
+                }
             }
         }
         Source::Path(p) => {

@@ -9,6 +9,7 @@
 //! - Plans are tied to the instance version they read and to a digest of their exact inputs;
 //!   execution re-evaluates exactly those inputs.
 
+pub mod assets;
 pub mod body;
 mod change_sets;
 pub mod check;
@@ -98,6 +99,8 @@ pub struct EngineConfig {
     pub cwd: PathBuf,
     /// Provider configuration and property injectors from the engine's config file.
     pub settings: settings::EngineSettings,
+    /// Where the content of local assets is kept (`<data dir>/assets`).
+    pub assets: assets::Store,
 }
 
 /// An engine call's failure, mapped to a gRPC status by the API layer.
@@ -111,6 +114,8 @@ pub enum EngineError {
     InvalidBlueprint {
         message: String,
         diagnostics: Vec<Json>,
+        /// Local assets the blueprint names that the request did not carry.
+        missing_assets: Vec<String>,
     },
     /// Stale or executed change set, or an instance in the wrong state.
     FailedPrecondition(String),
@@ -160,6 +165,9 @@ impl From<StateError> for EngineError {
 
 pub type Result<T> = std::result::Result<T, EngineError>;
 
+/// A request's documents: names and contents, the root first.
+type Documents = Vec<(String, Vec<u8>)>;
+
 /// Where a blueprint comes from in a request.
 #[derive(Clone, Debug)]
 pub enum Source {
@@ -167,6 +175,9 @@ pub enum Source {
         file_name: String,
         content: Vec<u8>,
         children: Vec<(String, Vec<u8>)>,
+        /// The local assets the request carried (kept already, [`Engine::keep_assets`]):
+        /// path → digest.
+        assets: IndexMap<String, String>,
     },
     Path(PathBuf),
 }
@@ -255,13 +266,36 @@ impl Engine {
 
     // ---- inputs ---------------------------------------------------------------------------
 
-    /// The documents of a request. A path must lie under an allowed root.
-    fn read_source(&self, source: Source) -> Result<Vec<(String, Vec<u8>)>> {
+    /// Keeps the content of a request's local assets (checked and hashed by
+    /// [`assets::receive`]) and returns them by path, for [`Source::Inline`].
+    pub async fn keep_assets(
+        &self,
+        received: Vec<assets::Received>,
+    ) -> Result<IndexMap<String, String>> {
+        let store = self.config.assets.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out = IndexMap::new();
+            for a in &received {
+                store.put(a).map_err(|e| {
+                    EngineError::Internal(format!("keeping the asset `{}`: {e}", a.path))
+                })?;
+                out.insert(a.path.clone(), a.digest.clone());
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("engine task failed: {e}")))?
+    }
+
+    /// The documents of a request, and its local assets. A path must lie under an allowed
+    /// root.
+    fn read_source(&self, source: Source) -> Result<(Documents, IndexMap<String, String>)> {
         match source {
             Source::Inline {
                 file_name,
                 content,
                 children,
+                assets,
             } => {
                 if file_name.is_empty() {
                     return Err(EngineError::InvalidArgument(
@@ -270,7 +304,7 @@ impl Engine {
                 }
                 let mut files = vec![(file_name, content)];
                 files.extend(children);
-                Ok(files)
+                Ok((files, assets))
             }
             Source::Path(path) => {
                 let (resolved, content) = paths::read_source(
@@ -279,7 +313,10 @@ impl Engine {
                     &self.config.allowed_roots,
                     self.config.max_input_size,
                 )?;
-                Ok(vec![(resolved.display().to_string(), content)])
+                Ok((
+                    vec![(resolved.display().to_string(), content)],
+                    IndexMap::new(),
+                ))
             }
         }
     }
@@ -308,7 +345,7 @@ impl Engine {
         variables: Vec<(String, String)>,
         environment: settings::Environment,
     ) -> Result<Vec<Json>> {
-        let files = self.read_source(source)?;
+        let (files, _) = self.read_source(source)?;
         let max = self.config.max_input_size;
         self.with_plugins(move |engine, plugins| {
             let (plugins, _held) = engine.request_plugins(&environment, plugins)?;

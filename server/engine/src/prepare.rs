@@ -31,6 +31,9 @@ pub struct Inputs {
     /// The engine config's property injectors when the plan was made: execution evaluates
     /// what was planned even if the engine's config changed since.
     pub engine_injectors: IndexMap<String, serde_json::Value>,
+    /// The local assets the request carried, by path (as `InlineBlueprint.assets` keys them):
+    /// their digests. The engine keeps their content (`assets::Store`).
+    pub assets: IndexMap<String, String>,
 }
 
 impl Inputs {
@@ -56,6 +59,13 @@ impl Inputs {
             });
         if let Some(s) = &settings {
             parts.extend([b"--settings--".as_slice(), s.as_bytes()]);
+        }
+        // Likewise assets: a plan without them keeps its digest.
+        if !self.assets.is_empty() {
+            parts.push(b"--assets--");
+            for (path, digest) in &self.assets {
+                parts.extend([path.as_bytes(), digest.as_bytes()]);
+            }
         }
         format!("sha256:{}", trellis_ids::digest(&parts))
     }
@@ -85,6 +95,13 @@ pub struct Prepared {
     pub link_data: std::collections::HashMap<(String, String), Value>,
     /// The spec fields property injectors set, by resource template.
     pub injected: Vec<crate::inject::Injected>,
+    /// The inputs' local assets (path → digest) and document names (the root first): every
+    /// evaluation of a resource rewrites its asset fields from them (`assets::resolve`).
+    assets: IndexMap<String, String>,
+    documents: Vec<String>,
+    /// Local assets the blueprint names that the inputs lack (a client sends them and plans
+    /// again).
+    pub missing_assets: Vec<String>,
 }
 
 impl Prepared {
@@ -153,7 +170,26 @@ impl Prepared {
             &mut diags,
         );
         self.link_data = data;
-        diags.items
+        let mut found = diags.items;
+        found.extend(self.resolve_assets(idx, plugins));
+        found
+    }
+
+    /// Rewrites resource entry `idx`'s local asset fields to their asset URIs; diagnostics for
+    /// those the inputs lack.
+    fn resolve_assets(&mut self, idx: usize, plugins: &PluginContext<'_>) -> Vec<Diagnostic> {
+        let assets = std::mem::take(&mut self.assets);
+        let documents = std::mem::take(&mut self.documents);
+        let (diags, missing) =
+            crate::assets::resolve(self, idx, &assets, &plugins.manifests, &documents);
+        self.assets = assets;
+        self.documents = documents;
+        for m in missing {
+            if !self.missing_assets.contains(&m) {
+                self.missing_assets.push(m);
+            }
+        }
+        diags
     }
 
     /// The `(a, b)` of every `${link(a, b)}` that resource entry `idx` evaluates, in its own
@@ -351,6 +387,9 @@ pub fn prepare_with(
         links: Vec::new(),
         link_data: Default::default(),
         injected: Vec::new(),
+        assets: inputs.assets.clone(),
+        documents: inputs.files.iter().map(|(n, _)| n.clone()).collect(),
+        missing_assets: Vec::new(),
     };
     let Some(checked) = checked else {
         return prepared;
@@ -382,6 +421,11 @@ pub fn prepare_with(
         limits.eval,
         &mut diags,
     );
+    if !diags.has_errors() {
+        for idx in 0..prepared.evaluation.resources.len() {
+            diags.extend(prepared.resolve_assets(idx, plugins));
+        }
+    }
     diags.sort();
     prepared.diags.extend(diags.items);
     if !prepared.diags.has_errors() {

@@ -204,6 +204,8 @@ impl Applied {
 /// Providers reached through the plugin host.
 pub struct PluginProvisioner {
     pub host: Arc<PluginHost>,
+    /// The engine's copies of local assets, handed to apply calls by path.
+    pub assets: crate::assets::Store,
 }
 
 fn namespace(resource_type: &str) -> &str {
@@ -256,8 +258,12 @@ impl PluginProvisioner {
             .host
             .provider(namespace(&target.resource_type))
             .map_err(|e| Failure::new(describe(&e)))?;
+        let local_assets = crate::assets::call_assets(&self.assets, &spec).map_err(Failure::new)?;
         let req = pb::ApplyResourceRequest {
-            context: None,
+            context: (!local_assets.is_empty()).then(|| pb::CallContext {
+                local_assets: local_assets.into_iter().collect(),
+                ..Default::default()
+            }),
             current: current(target),
             resource_type: target.resource_type.clone(),
             resource_name: target.name.clone(),

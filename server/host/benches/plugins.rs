@@ -138,6 +138,7 @@ fn echo_req_with_context(n: u64) -> tonic::Request<pb::CallFunctionRequest> {
             instance_id: String::new(),
             idempotency_key: format!("key-{n}"),
             deadline_unix_ms: ms,
+            local_assets: Default::default(),
         }),
         name: "echo".into(),
         args: vec![values::string("ping")],

@@ -149,6 +149,8 @@ registry! {
     DATASOURCE_EXPORT_UNKNOWN = "T0813" "datasource-export-unknown" Error "A data source exports a field its type does not have.";
     TRANSFORM = "T0814" "transform" Error "A transform named in `transform` is not installed or failed.";
     PLUGIN_UNAVAILABLE = "T0815" "plugin-unavailable" Error "A plugin needed for validation could not be started or answered with an error.";
+    LOCAL_ASSET_MISSING = "T0816" "local-asset-missing" Error "A field that names a local file or directory (a local asset, such as a function's code) names one the request did not carry.";
+    LOCAL_ASSET_UNKNOWN = "T0817" "local-asset-unknown" Error "A field that names a local file or directory has a value known only after deploy; the client must send the asset with the plan.";
 
     // T09xx: links.
     LINK_SELECTS_NOTHING = "T0901" "link-selects-nothing" Warning "A `linkSelector` selects no resource: no other resource of the blueprint carries all of its labels.";

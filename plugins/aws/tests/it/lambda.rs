@@ -893,3 +893,56 @@ async fn mapping_ends_replace_it_and_validation_names_the_field() {
     assert_eq!(d.len(), 1, "{d:?}");
     assert_eq!(d[0].code, "aws.lambda.starting-position");
 }
+
+/// Under the engine, `codeUri` arrives as an asset URI with the path of the engine's copy in
+/// the call's context; a `file://` URI (a file on the engine's host) is refused.
+#[tokio::test]
+async fn code_comes_from_the_engine_s_asset_copy_and_file_uris_are_refused() {
+    let Some(m) = moto() else { return };
+    let h = harness(m).await;
+    let name = unique("fromAsset");
+    let dir = code_dir("asset");
+    let uri = format!("asset:sha256:{}/code", "ab".repeat(32));
+    let spec = |code: &str| {
+        Value::map()
+            .with("functionName", name.as_str())
+            .with("codeUri", code)
+            .with("handler", "handler.handler")
+            .with("runtime", "python3.12")
+    };
+    let mut context = h.call_context();
+    context
+        .local_assets
+        .insert(uri.clone(), dir.to_str().expect("utf-8").to_owned());
+    let out = h
+        .apply_with(pb::ApplyResourceRequest {
+            context: Some(context),
+            current: None,
+            resource_type: "aws/lambda/function".into(),
+            resource_name: "fromAsset".into(),
+            desired_spec: Some(spec(&uri).to_proto()),
+        })
+        .await
+        .expect("apply");
+    let f = out.result.expect("created from the asset's copy");
+    let sha = function(m, &name)["Configuration"]["CodeSha256"].clone();
+    let packed = trellis_provider_aws::code::pack_dir(&dir).expect("pack");
+    assert_eq!(
+        sha,
+        json!(trellis_provider_aws::code::sha256_base64(&packed))
+    );
+    // The same URI without the engine's copy in the context: nothing to read.
+    let e = apply(&h, "aws/lambda/function", "again", None, spec(&uri))
+        .await
+        .1
+        .expect_err("no copy sent");
+    assert_eq!(e.class, ErrorClass::BadInput, "{e:?}");
+    assert!(e.message.contains("sent no content"), "{e:?}");
+    let secret = format!("file://{}", dir.display());
+    let e = apply(&h, "aws/lambda/function", "file", None, spec(&secret))
+        .await
+        .1
+        .expect_err("file:// refused");
+    assert_eq!(e.class, ErrorClass::BadInput, "{e:?}");
+    h.destroy(&f).await.expect("destroyed");
+}

@@ -165,6 +165,7 @@ fn the_inputs_digest_is_stable() {
         include_chain: vec![],
         environment: Default::default(),
         engine_injectors: Default::default(),
+        assets: Default::default(),
     };
     assert_eq!(
         inputs.digest(),
@@ -183,6 +184,7 @@ fn settings_are_digested_and_kept() {
         include_chain: vec![],
         environment: Default::default(),
         engine_injectors: Default::default(),
+        assets: Default::default(),
     };
     let mut with = plain.clone();
     with.environment.name = "dev".into();
@@ -201,4 +203,17 @@ fn settings_are_digested_and_kept() {
     let back = crate::body::decode_inputs(&body).expect("decodes");
     assert_eq!(back, with);
     assert_eq!(back.digest(), with.digest());
+    // Local assets (path → digest) are part of what was planned.
+    let mut code = plain.clone();
+    code.assets
+        .insert("fn/code".into(), format!("sha256:{}", "a".repeat(64)));
+    assert_ne!(plain.digest(), code.digest());
+    let back = crate::body::decode_inputs(&crate::body::encode(
+        &code,
+        &Plan::default(),
+        Default::default(),
+        vec![],
+    ))
+    .expect("decodes");
+    assert_eq!(back, code);
 }

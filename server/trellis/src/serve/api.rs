@@ -90,18 +90,25 @@ fn state_status(e: StateError) -> Status {
     status(EngineError::from(e))
 }
 
-fn source(s: Option<api::BlueprintSource>) -> Result<Source, Status> {
+/// The request's blueprint source and its local assets (checked and hashed, not kept yet).
+fn source(
+    s: Option<api::BlueprintSource>,
+) -> Result<(Source, Vec<crate::engine::assets::Received>), Status> {
     match s.and_then(|s| s.source) {
-        Some(api::blueprint_source::Source::Inline(b)) => Ok(Source::Inline {
-            file_name: b.file_name,
-            content: b.content,
-            children: b
-                .children
-                .into_iter()
-                .map(|c| (c.path, c.content))
-                .collect(),
-        }),
-        Some(api::blueprint_source::Source::Path(p)) => Ok(Source::Path(p.into())),
+        Some(api::blueprint_source::Source::Inline(b)) => Ok((
+            Source::Inline {
+                file_name: b.file_name,
+                content: b.content,
+                children: b
+                    .children
+                    .into_iter()
+                    .map(|c| (c.path, c.content))
+                    .collect(),
+                assets: Default::default(),
+            },
+            crate::engine::assets::receive(b.assets).map_err(Status::invalid_argument)?,
+        )),
+        Some(api::blueprint_source::Source::Path(p)) => Ok((Source::Path(p.into()), Vec::new())),
         None => Err(Status::invalid_argument(
             "a blueprint source (inline or path) is required",
         )),
@@ -309,6 +316,7 @@ pub(super) fn change_set(v: &ChangeSetView) -> api::ChangeSet {
         created_at_unix_ms: cs.created_at.as_millis(),
         links: v.plan.links.iter().map(link_change).collect(),
         children: v.plan.children.iter().map(child_change).collect(),
+        missing_assets: vec![],
     }
 }
 
@@ -651,9 +659,10 @@ impl api::engine_server::Engine for EngineApi {
     ) -> Result<Response<DiagStream>, Status> {
         let r = req.into_inner();
         let (vars, env) = variables(r.variables, r.environment)?;
+        // Validation does not read assets: they matter only to what is deployed.
         let diags = self
             .engine
-            .validate(source(r.source)?, vars, env)
+            .validate(source(r.source)?.0, vars, env)
             .await
             .map_err(status)?;
         let items: Vec<Result<api::Diagnostic, Status>> =
@@ -667,22 +676,32 @@ impl api::engine_server::Engine for EngineApi {
     ) -> Result<Response<api::ChangeSet>, Status> {
         let r = req.into_inner();
         let (vars, env) = variables(r.variables, r.environment)?;
+        let (mut src, received) = source(r.source)?;
+        if !received.is_empty() {
+            let kept = self.engine.keep_assets(received).await.map_err(status)?;
+            if let Source::Inline { assets, .. } = &mut src {
+                *assets = kept;
+            }
+        }
         let planned = self
             .engine
-            .create_change_set(&r.request_id, &r.instance, source(r.source)?, vars, env)
+            .create_change_set(&r.request_id, &r.instance, src, vars, env)
             .await;
         match planned {
             Ok(v) => Ok(Response::new(change_set(&v))),
             // An answer, not an error: every diagnostic reaches every client (docs/engine-api.md).
-            Err(EngineError::InvalidBlueprint { diagnostics, .. }) => {
-                Ok(Response::new(api::ChangeSet {
-                    instance: r.instance,
-                    status: api::ChangeSetStatus::Invalid as i32,
-                    summary: invalid_summary(&diagnostics),
-                    diagnostics: diagnostics.iter().map(diagnostic).collect(),
-                    ..Default::default()
-                }))
-            }
+            Err(EngineError::InvalidBlueprint {
+                diagnostics,
+                missing_assets,
+                ..
+            }) => Ok(Response::new(api::ChangeSet {
+                instance: r.instance,
+                status: api::ChangeSetStatus::Invalid as i32,
+                summary: invalid_summary(&diagnostics),
+                diagnostics: diagnostics.iter().map(diagnostic).collect(),
+                missing_assets,
+                ..Default::default()
+            })),
             Err(e) => Err(status(e)),
         }
     }

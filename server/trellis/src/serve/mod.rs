@@ -116,10 +116,15 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         &config.include_ca_certs,
     )
     .map_err(|e| format!("remote includes (--allow-include-host): {e}"))?;
+    // Local assets a request carries are kept beside the state, by digest (docs/assets.md).
+    let assets = crate::engine::assets::Store::new(config.data_dir.join("assets"));
     let engine = Engine::new(
         store.clone(),
         host.clone(),
-        Arc::new(PluginProvisioner { host: host.clone() }),
+        Arc::new(PluginProvisioner {
+            host: host.clone(),
+            assets: assets.clone(),
+        }),
         EngineConfig {
             owner: format!("trellis@{}", config.data_dir.display()),
             max_parallel: config.max_parallel,
@@ -130,6 +135,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
             remote_includes,
             cwd,
             settings,
+            assets,
         },
         tokio::runtime::Handle::current(),
     );
@@ -162,7 +168,13 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     let engine_service = trellis_proto::engine::v1::engine_server::EngineServer::new(
         api::EngineApi::new(engine.clone(), shutdown.clone()),
     )
-    .max_decoding_message_size(config.max_input_size.saturating_add(1 << 20));
+    // A plan request may carry local assets besides its documents (docs/assets.md).
+    .max_decoding_message_size(
+        config
+            .max_input_size
+            .saturating_add(crate::engine::assets::MAX_REQUEST_BYTES)
+            .saturating_add(1 << 20),
+    );
 
     let bound = listen::bind(&config.listen)
         .await

@@ -13,7 +13,7 @@ use crate::engine_common::{Engine, PATIENCE, cli_in_background, plugin_dir, writ
 use crate::plugins_common::{TempDir, workspace_binary};
 
 /// An engine whose plugins include `aws`, configured for `moto`.
-fn engine(root: &Path, moto: &Moto) -> Engine {
+pub(crate) fn engine(root: &Path, moto: &Moto) -> Engine {
     engine_at(root, &moto.endpoint)
 }
 

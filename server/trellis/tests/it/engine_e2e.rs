@@ -582,6 +582,7 @@ mod watch {
                         file_name: "w.yaml".into(),
                         content: content.into_bytes(),
                         children: vec![],
+                        assets: vec![],
                     },
                 )),
             }),

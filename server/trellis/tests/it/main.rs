@@ -8,6 +8,7 @@ mod plugins_common;
 #[path = "../../../../plugins/aws/tests/it/support/moto.rs"]
 mod aws_moto;
 
+mod assets_e2e;
 mod aws_e2e;
 mod aws_types_e2e;
 mod blueprint_features_e2e;

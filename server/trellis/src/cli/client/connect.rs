@@ -158,6 +158,8 @@ pub(crate) fn blueprint_source(path: &str) -> Result<pb::BlueprintSource, Failur
             file_name: path.to_owned(),
             content,
             children,
+            // Sent when the engine asks for them (docs/assets.md).
+            assets: vec![],
         })),
     })
 }

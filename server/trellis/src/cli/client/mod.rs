@@ -37,6 +37,7 @@ const WATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// enough for an engine restart.
 const WATCH_RETRIES: u32 = 8;
 
+mod assets;
 mod connect;
 mod render;
 mod watch;
@@ -446,28 +447,55 @@ fn traced<T>(request_id: &str, message: T) -> tonic::Request<T> {
     request
 }
 
+/// Plans `source`. When the engine answers that the blueprint names local assets the request
+/// lacks (a function's code directory), they are read here and the plan is asked again: each
+/// round sends what the last one found missing (a child blueprint's assets show only once
+/// its parent's are there), never the same path twice.
 async fn create_change_set(
     client: &mut Client,
     request_id: &str,
     instance: &str,
-    source: pb::BlueprintSource,
+    mut source: pb::BlueprintSource,
     inputs: &crate::cli::inputs::Resolved,
 ) -> Result<pb::ChangeSet, Failure> {
-    let request = pb::CreateChangeSetRequest {
-        request_id: request_id.to_owned(),
-        instance: instance.to_owned(),
-        source: Some(source),
-        variables: inputs.variables.clone(),
-        environment: inputs.environment_pb(),
-    };
-    match client
-        .api
-        .create_change_set(traced(request_id, request))
-        .await
-    {
-        Ok(r) => Ok(r.into_inner()),
-        Err(s) => Err(client.fail(s)),
+    let mut used = 0usize;
+    // A round per level of included blueprints, at most.
+    for _ in 0..=crate::engine::children::MAX_DEPTH + 1 {
+        let request = pb::CreateChangeSetRequest {
+            request_id: request_id.to_owned(),
+            instance: instance.to_owned(),
+            source: Some(source.clone()),
+            variables: inputs.variables.clone(),
+            environment: inputs.environment_pb(),
+        };
+        let cs = match client
+            .api
+            .create_change_set(traced(request_id, request))
+            .await
+        {
+            Ok(r) => r.into_inner(),
+            Err(s) => return Err(client.fail(s)),
+        };
+        let Some(pb::blueprint_source::Source::Inline(inline)) = source.source.as_mut() else {
+            return Ok(cs);
+        };
+        let wanted: Vec<&String> = cs
+            .missing_assets
+            .iter()
+            .filter(|p| !inline.assets.iter().any(|a| &a.path == *p))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(cs);
+        }
+        for path in wanted {
+            inline.assets.push(assets::read(path, &mut used)?);
+        }
     }
+    Err(Failure::new(
+        1,
+        "INVALID_ARGUMENT",
+        "the engine kept asking for more local assets; stopped",
+    ))
 }
 
 async fn deploy(

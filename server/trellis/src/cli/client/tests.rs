@@ -119,6 +119,7 @@ fn sample_change_set() -> pb::ChangeSet {
             action: A::Create as i32,
         }],
         children: vec![],
+        missing_assets: vec![],
     }
 }
 
