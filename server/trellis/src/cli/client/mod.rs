@@ -54,8 +54,10 @@ use watch::*;
 pub enum ClientCommand {
     /// Plan the changes that bring an instance to a blueprint, without changing anything.
     ///
-    /// Sends FILE to the engine (`--engine`), which plans against the instance NAME (recorded
-    /// with its first change set) and records a change set. Prints the change set: one block per resource to
+    /// Sends FILE to the engine (`--engine`), with the files it includes and the local files
+    /// the engine asks for (a function's `codeUri`, relative to FILE; docs/assets.md), which
+    /// plans against the instance NAME (recorded with its first change set) and records a
+    /// change set. Prints the change set: one block per resource to
     /// create (+), update (~), recreate (-/+, with the reason) or delete (-), the field
     /// changes (`(known after deploy)` for values known only after deploy, `(sensitive)` for
     /// secrets), a summary, and the command that deploys it: `trellis deploy --change-set ID`.
