@@ -76,7 +76,7 @@ impl Builder<'_> {
     }
 
     fn wrong_type(&mut self, node: &Node, what: &str, expected: &str) {
-        self.push(
+        let mut d = Diagnostic::new(
             &codes::WRONG_TYPE,
             node.span,
             format!(
@@ -84,6 +84,12 @@ impl Builder<'_> {
                 article(node.type_name())
             ),
         );
+        if matches!(node.kind, NodeKind::Null) {
+            d = d.with_hint(
+                "an empty YAML value is null (YAML 1.2 core schema); write `\"\"` for the empty string, or remove the field",
+            );
+        }
+        self.diags.push(d);
     }
 
     /// The entries of a mapping whose fields are fixed by the specification;

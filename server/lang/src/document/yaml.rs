@@ -287,8 +287,12 @@ fn scalar(text: &str, value: String, style: ScalarStyle, span: Span) -> Node {
 }
 
 /// Types a plain scalar with the YAML 1.2 core schema; `None` means string.
+/// An empty plain scalar (`key:` with nothing after it) is null, as the core
+/// schema says; only a quoted `""` is the empty string.
 fn resolve_plain(s: &str) -> Option<NodeKind> {
-    let first = *s.as_bytes().first()?;
+    let Some(&first) = s.as_bytes().first() else {
+        return Some(NodeKind::Null);
+    };
     // Fast path: most scalars are words, which are neither numbers nor keywords.
     if first.is_ascii_alphabetic() && !matches!(first, b'n' | b'N' | b't' | b'T' | b'f' | b'F') {
         return None;
