@@ -172,14 +172,27 @@ impl Builder<'_> {
 
     /// A name key of a section entry, checked against the `name` rule.
     fn name(&mut self, k: &Key, what: &str) -> Spanned<String> {
-        if !self.key_has_substitution(k) && !is_valid_name(&k.name) {
+        // Resources, values, data sources and child blueprints may have dots
+        // in their names (referred to as `resources["a.v1"]`); variables and
+        // exports may not.
+        let dotted = !matches!(what, "variable" | "export");
+        let valid = if dotted {
+            is_valid_dotted_name(&k.name)
+        } else {
+            is_valid_name(&k.name)
+        };
+        if !self.key_has_substitution(k) && !valid {
             self.diags.push(
                 Diagnostic::new(
                     &codes::INVALID_NAME,
                     k.span,
                     format!("`{}` is not a valid {what} name", k.name),
                 )
-                .with_hint("names start with a letter or `_` and contain only letters, digits, `_` and `-`"),
+                .with_hint(if dotted {
+                    "names start with a letter or `_` and contain only letters, digits, `_`, `-` and dots between parts"
+                } else {
+                    "names start with a letter or `_` and contain only letters, digits, `_` and `-`"
+                }),
             );
         }
         Spanned {

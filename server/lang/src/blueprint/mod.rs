@@ -304,6 +304,19 @@ impl Metadata {
 }
 
 /// Whether `s` follows the specification's `name` rule: `[A-Za-z_][A-Za-z0-9_-]*`.
+/// A name of a resource, value, data source or child blueprint: like
+/// [`is_valid_name`], but dots may separate parts (`save-order-function.v1`);
+/// such names are referred to with the quoted accessor (`resources["a.v1"]`).
+pub fn is_valid_dotted_name(s: &str) -> bool {
+    is_valid_name(s.split('.').next().unwrap_or(""))
+        && s.split('.').skip(1).all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        })
+}
+
 pub fn is_valid_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
