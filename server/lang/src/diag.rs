@@ -132,6 +132,8 @@ registry! {
     VALUE_TOO_LARGE = "T0709" "value-too-large" Error "An expression would produce a string, array or object larger than the engine's limit per value (`max-value-bytes`).";
     TOO_MANY_RESOURCES = "T0710" "too-many-resources" Error "The blueprint would have more resources after `each` expansion than the engine's limit (`max-resources`).";
     EVALUATION_BUDGET = "T0711" "evaluation-budget" Error "Evaluating the blueprint produced more bytes of values in total than the engine's budget per evaluation (`max-eval-bytes`).";
+    STRING_FIELD_COMPLEX = "T0712" "string-field-complex" Error "A string field (a description or display name) is one `${..}` that yields an array or object.";
+    INCLUDE_PATH_TYPE = "T0713" "include-path-type" Error "An include's `path` is one `${..}` that yields something other than a string.";
 
     // T08xx: provider checks (plugins).
     PROVIDER_MISSING = "T0801" "provider-missing" Error "No installed plugin provides the namespace a type needs.";

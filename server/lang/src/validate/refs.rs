@@ -250,6 +250,15 @@ impl<'a, 'o> Checker<'a, 'o> {
             for t in ts {
                 self.template(t, ctx);
             }
+            let name = &d.name.value;
+            self.string_field(
+                d.description.as_ref(),
+                &format!("the description of data source `{name}`"),
+            );
+            self.string_field(
+                d.metadata.display_name.as_ref(),
+                &format!("the display name of data source `{name}`"),
+            );
         }
         for (i, r) in bp.resources.iter().enumerate() {
             let node = self.graph.index(NodeRef::Resource(i));
@@ -279,6 +288,15 @@ impl<'a, 'o> Checker<'a, 'o> {
                     self.expect_type(t, Static::Boolean, &codes::CONDITION_TYPE, &what);
                 }
             }
+            let name = &r.name.value;
+            self.string_field(
+                r.description.as_ref(),
+                &format!("the description of resource `{name}`"),
+            );
+            self.string_field(
+                r.metadata.display_name.as_ref(),
+                &format!("the display name of resource `{name}`"),
+            );
             self.depends_on(i, r, node);
         }
         for (i, inc) in bp.include.iter().enumerate() {
@@ -298,6 +316,28 @@ impl<'a, 'o> Checker<'a, 'o> {
             }
             for t in ts {
                 self.template(t, ctx);
+            }
+            let name = &inc.name.value;
+            self.string_field(
+                inc.description.as_ref(),
+                &format!("the description of include `{name}`"),
+            );
+            if let Some(t) = &inc.path
+                && let Some(s) = t.single_substitution()
+                && !t.broken
+            {
+                let got = self.typer().template(t);
+                if !matches!(got, Static::String | Static::Any | Static::Func) {
+                    self.push(
+                        &codes::INCLUDE_PATH_TYPE,
+                        s.span,
+                        format!(
+                            "the path of include `{name}` must be a string, but this substitution yields {}",
+                            article_of(got.as_str())
+                        ),
+                        None,
+                    );
+                }
             }
         }
         let top = Ctx {
@@ -383,6 +423,30 @@ impl<'a, 'o> Checker<'a, 'o> {
                     article_of(got.as_str())
                 ),
                 None,
+            );
+        }
+    }
+
+    /// A string field (description, display name) given one `${..}` that yields an
+    /// array or object: an error, as interpolating one into a longer string is.
+    fn string_field(&mut self, t: Option<&Template>, what: &str) {
+        let Some(t) = t else { return };
+        let Some(s) = t.single_substitution() else {
+            return;
+        };
+        if t.broken {
+            return;
+        }
+        let got = self.typer().template(t);
+        if matches!(got, Static::Array | Static::Object) {
+            self.push(
+                &codes::STRING_FIELD_COMPLEX,
+                s.span,
+                format!(
+                    "{what} must be a string, but this substitution yields {}",
+                    article_of(got.as_str())
+                ),
+                Some("pick a scalar out of it (`join(..)`, `[0]`, `.field`) or convert it (`jsonencode(..)`)".to_owned()),
             );
         }
     }
