@@ -72,6 +72,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The same convention as bench/deploy.py.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deploy import children, cpu_s  # noqa: E402  (the same /proc readers as the deploy bench)
+
 BIN = os.environ.get("TRELLIS_BENCH_BIN") or os.path.join(ROOT, "target", "release")
 REGION = "us-east-1"
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -295,27 +298,6 @@ class CountingProxy:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
-
-
-def cpu_s(pid):
-    """User + system CPU seconds of a process, all its threads."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return 0.0
-
-
-def children(pid):
-    out = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
-    return out
 
 
 class Cpu:
