@@ -703,17 +703,36 @@ pub fn child_variables(
 
 /// A variable the include passes that the child (`file`, declaring `declared`) does not
 /// declare, whatever its value (an unknown one must not hide a misspelt name until deploy):
-/// `T0406` at the key in the parent's include.
+/// `T0406` at the key in the parent's include; else a literal value of another type than
+/// the child declares: `T0406` at the value.
 pub fn undeclared_child_variable(
     include: &crate::blueprint::Include,
     file: &str,
     declared: &[crate::blueprint::Variable],
 ) -> Option<crate::diag::Diagnostic> {
     let names = || declared.iter().map(|v| v.name.value.as_str());
-    let (key, _) = include
+    let Some((key, _)) = include
         .variables
         .iter()
-        .find(|(k, _)| !names().any(|d| d == k.name))?;
+        .find(|(k, _)| !names().any(|d| d == k.name))
+    else {
+        // A literal of another type than the child declares (`name: 42` for a string) is
+        // refused, not coerced (the substitutions were checked by validate where the child
+        // file was local).
+        let mut found = crate::diag::Diagnostics::default();
+        crate::validate::includes::check_include_variables(
+            &crate::blueprint::Blueprint::default(),
+            include,
+            file,
+            declared,
+            &trellis_lang::functions::CoreFunctions,
+            &mut found,
+        );
+        return found
+            .items
+            .into_iter()
+            .find(|d| d.code.id == crate::diag::codes::VARIABLE_INPUT.id);
+    };
     let mut d = crate::diag::Diagnostic::new(
         &crate::diag::codes::VARIABLE_INPUT,
         key.span,
@@ -1015,5 +1034,37 @@ mod tests {
         assert!(changes.iter().all(|c| c.previous == Some(Shown::Sensitive)));
         assert_eq!(changes[0].new, shown(json!("plain")));
         assert!(!format!("{changes:?}").contains("hunter2"));
+    }
+
+    /// Issue 21, item 3: a literal of another type than the child declares is refused at
+    /// plan, not coerced into the child's variable.
+    #[test]
+    fn an_include_passing_a_literal_of_the_wrong_type_is_refused() {
+        let parent = b"version: 2023-04-20\ninclude:\n  core:\n    path: core.yaml\n    variables:\n      name: 42\n      port: 8080\n";
+        let child = b"version: 2023-04-20\nvariables:\n  name:\n    type: string\n  port:\n    type: integer\nresources: {}\n";
+        let declared = child_variables("core.yaml", child, 1 << 20).unwrap();
+        let mut sources = crate::source::SourceMap::new();
+        let mut diags = crate::diag::Diagnostics::default();
+        let id = crate::document::load_bytes(
+            &mut sources,
+            "parent.yaml",
+            parent.to_vec(),
+            1 << 20,
+            &mut diags,
+        )
+        .unwrap();
+        let root = crate::document::parse(
+            &sources,
+            id,
+            crate::document::Format::from_path("parent.yaml"),
+            &mut diags,
+        )
+        .unwrap();
+        let bp = crate::blueprint::load(&root, sources.get(id), id, &mut diags);
+        let d = undeclared_child_variable(&bp.include[0], "core.yaml", &declared)
+            .expect("a string variable given 42 is refused");
+        assert_eq!(d.code.id, "T0406");
+        assert_eq!(sources.resolve(d.span).0.line, 6, "{}", d.message);
+        assert!(d.message.contains("declares as string"), "{}", d.message);
     }
 }

@@ -6,6 +6,7 @@
 //! and an optional [`ProviderChecks`].
 
 mod graph;
+pub mod includes;
 pub mod links;
 pub mod providers;
 pub mod refs;
@@ -101,6 +102,24 @@ pub fn validate_source(
     max_input_size: usize,
     diags: &mut crate::diag::Diagnostics,
 ) {
+    validate_source_with_children(sources, name, bytes, opts, max_input_size, &|_| None, diags);
+}
+
+/// [`validate_source`], also checking each include whose `path` is a literal local path
+/// against the child document `read_child` returns for it (the path joined to the
+/// directory of `name`; `None` when it cannot be read, which leaves the include to plan):
+/// the variables passed must have the types the child declares, and the child's required
+/// variables must be passed ([`includes::check_include_variables`]). `read_child` is the
+/// caller's file access; this crate does no I/O.
+pub fn validate_source_with_children(
+    sources: &mut crate::source::SourceMap,
+    name: &str,
+    bytes: Vec<u8>,
+    opts: &Options<'_>,
+    max_input_size: usize,
+    read_child: &dyn Fn(&str) -> Option<Vec<u8>>,
+    diags: &mut crate::diag::Diagnostics,
+) {
     use crate::document::{self, Format};
     let mut local = crate::diag::Diagnostics::default();
     if let Some(file) = document::load_bytes(sources, name, bytes, max_input_size, &mut local)
@@ -110,7 +129,58 @@ pub fn validate_source(
         let bp = crate::blueprint::load(&root, src, file, &mut local);
         drop(root);
         validate(&bp, src, opts, &mut local);
+        for inc in &bp.include {
+            let Some(path) = inc.path.as_ref().and_then(|t| t.as_literal()) else {
+                continue;
+            };
+            let Some(child) = local_child_path(name, &path) else {
+                continue;
+            };
+            let Some(content) = read_child(&child) else {
+                continue;
+            };
+            let Some(declared) = child_variables(&child, content, max_input_size) else {
+                continue;
+            };
+            includes::check_include_variables(
+                &bp,
+                inc,
+                &path,
+                &declared,
+                opts.functions,
+                &mut local,
+            );
+        }
     }
     local.sort();
     diags.extend(local.items);
+}
+
+/// A local include path resolved against the directory of the including file; `None` for
+/// remote or empty paths.
+fn local_child_path(parent: &str, path: &str) -> Option<String> {
+    if path.is_empty() || path.contains("://") {
+        return None;
+    }
+    if path.starts_with('/') {
+        return Some(path.to_owned());
+    }
+    Some(match parent.rfind('/') {
+        Some(i) => format!("{}/{path}", &parent[..i]),
+        None => path.to_owned(),
+    })
+}
+
+/// The variables a child document declares; `None` when it does not load.
+fn child_variables(
+    file: &str,
+    content: Vec<u8>,
+    max_input_size: usize,
+) -> Option<Vec<crate::blueprint::Variable>> {
+    use crate::document::{self, Format};
+    let mut sources = crate::source::SourceMap::new();
+    let mut ignored = crate::diag::Diagnostics::default();
+    let id = document::load_bytes(&mut sources, file, content, max_input_size, &mut ignored)?;
+    let root = document::parse(&sources, id, Format::from_path(file), &mut ignored)?;
+    Some(crate::blueprint::load(&root, sources.get(id), id, &mut ignored).variables)
 }

@@ -22,7 +22,7 @@ use trellis_lang::diag::Diagnostics;
 use trellis_lang::document::DEFAULT_MAX_INPUT_BYTES;
 use trellis_lang::source::SourceMap;
 use trellis_lang::validate::Options;
-use trellis_lang::validate::validate_source;
+use trellis_lang::validate::validate_source_with_children;
 
 fn corpus_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance/validate")
@@ -52,12 +52,16 @@ fn run_case(dir: &Path, vars: &[(String, String)]) -> Vec<(String, String, u32)>
     for f in &files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         let bytes = std::fs::read(f).unwrap();
-        validate_source(
+        // Local child files are read from the case directory, as `trellis validate` reads
+        // them next to the blueprint.
+        let read_child = |path: &str| std::fs::read(dir.join(path)).ok();
+        validate_source_with_children(
             &mut sources,
             &name,
             bytes,
             &opts,
             DEFAULT_MAX_INPUT_BYTES,
+            &read_child,
             &mut diags,
         );
     }
