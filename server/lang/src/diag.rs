@@ -134,6 +134,8 @@ registry! {
     EVALUATION_BUDGET = "T0711" "evaluation-budget" Error "Evaluating the blueprint produced more bytes of values in total than the engine's budget per evaluation (`max-eval-bytes`).";
     STRING_FIELD_COMPLEX = "T0712" "string-field-complex" Error "A string field (a description or display name) is one `${..}` that yields an array or object.";
     INCLUDE_PATH_TYPE = "T0713" "include-path-type" Error "An include's `path` is one `${..}` that yields something other than a string.";
+    ARGUMENT_VALUE = "T0714" "argument-value" Error "A literal function argument is a value the function does not accept (an unsupported `datetime` format).";
+    ACCESS_ON_SCALAR = "T0715" "access-on-scalar" Error "A field or index is read from a function's result that is a string, number or boolean.";
 
     // T08xx: provider checks (plugins).
     PROVIDER_MISSING = "T0801" "provider-missing" Error "No installed plugin provides the namespace a type needs.";

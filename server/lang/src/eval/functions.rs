@@ -1242,6 +1242,8 @@ fn compare(a: &Args, holds: fn(Ordering) -> bool) -> Result<Value, FnError> {
 // ---------------------------------------------------------------------------
 // Environment
 
+/// The formats `datetime` accepts (validation checks literal formats against them).
+pub const DATETIME_FORMAT_NAMES: &[&str] = &["unix", "rfc3339", "tag", "tagcompact"];
 const DATETIME_FORMATS: &str = "unix, rfc3339, tag, tagcompact";
 
 fn datetime(a: &Args, env: &Env) -> Result<Value, FnError> {

@@ -168,6 +168,47 @@ impl Typer<'_> {
             let Some(sig) = self.functions.lookup(&name.text) else {
                 return;
             };
+            if name.text == "datetime"
+                && let Some(a) = args.first()
+                && let ExprKind::Lit(Literal::Str(format)) = &a.value.kind
+                && !crate::eval::functions::DATETIME_FORMAT_NAMES.contains(&format.as_str())
+            {
+                let mut d = Diagnostic::new(
+                    &codes::ARGUMENT_VALUE,
+                    a.value.span,
+                    format!(
+                        "`datetime` does not support the format \"{format}\"; it supports {}",
+                        crate::eval::functions::DATETIME_FORMAT_NAMES.join(", ")
+                    ),
+                );
+                if let Some(s) = crate::diag::did_you_mean(
+                    format,
+                    crate::eval::functions::DATETIME_FORMAT_NAMES.iter().copied(),
+                ) {
+                    d = d.with_hint(format!("did you mean \"{s}\"?"));
+                }
+                diags.push(d);
+            }
+            if let ExprKind::Call { path, .. } = &x.kind
+                && let Some(first) = path.first()
+                && matches!(
+                    sig.returns,
+                    Ty::String | Ty::Integer | Ty::Float | Ty::Boolean
+                )
+            {
+                diags.push(
+                    Diagnostic::new(
+                        &codes::ACCESS_ON_SCALAR,
+                        first.span(),
+                        format!(
+                            "`{}` returns {}, which has no fields or elements",
+                            name.text,
+                            crate::blueprint::article_of(sig.returns.as_str())
+                        ),
+                    )
+                    .with_hint("use the result as it is, or a function that takes it apart (`split`, `substr`)"),
+                );
+            }
             for (i, a) in args.iter().enumerate() {
                 // `link` takes resources by bare name, even one shared with a function.
                 if name.text == "link" && matches!(a.value.kind, ExprKind::Resource { .. }) {
