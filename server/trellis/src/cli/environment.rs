@@ -913,14 +913,25 @@ injectors:
         assert!(e.variables.is_empty());
         let path = write(&dir, "envs/empty.yaml", "");
         assert_eq!(load_environment_with(&path, &no_env).unwrap().name, "empty");
-        // Sections given with nothing under them are empty too; an empty value is "".
+        // Sections given with nothing under them are empty too.
         let path = write(
             &dir,
             "envs/bare.yaml",
-            "variables:\n  blank:\nproviders:\ninjectors:\n",
+            "variables:\nproviders:\ninjectors:\n",
         );
         let e = load_environment_with(&path, &no_env).unwrap();
         assert_eq!(e.name, "bare");
+        assert!(e.variables.is_empty());
+        // A variable with nothing after it is null (YAML 1.2 core schema, decision 0001), not
+        // "": an error at its line (`""` is the empty string).
+        let path = write(&dir, "envs/blank.yaml", "variables:\n  blank:\n");
+        let e = load_environment_with(&path, &no_env).unwrap_err();
+        assert!(
+            e.contains("blank.yaml:2:") && e.contains("`variables.blank` has no value"),
+            "{e}"
+        );
+        let path = write(&dir, "envs/quoted.yaml", "variables:\n  blank: \"\"\n");
+        let e = load_environment_with(&path, &no_env).unwrap();
         assert_eq!(e.variables, vec![var("blank", "", false)]);
     }
 

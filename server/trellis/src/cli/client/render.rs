@@ -388,7 +388,16 @@ fn write_value(v: &pv::Value, out: &mut String) {
         Some(Kind::Bool(b)) => out.push_str(if *b { "true" } else { "false" }),
         Some(Kind::Int(i)) => out.push_str(&i.to_string()),
         Some(Kind::Float(f)) => out.push_str(&Json::from(*f).to_string()),
-        Some(Kind::String(s)) => out.push_str(&Json::String(s.clone()).to_string()),
+        // A local asset reads as its name and a short digest (`code (sha256:1a2b3c4d5e6f…)`):
+        // enough to see which content changed (the JSON output keeps the whole URI).
+        Some(Kind::String(s)) => match crate::engine::assets::parse_uri(s) {
+            Some((digest, name)) => out.push_str(&format!(
+                "{} ({}…)",
+                Json::String(name.to_owned()),
+                &digest[..digest.len().min(19)]
+            )),
+            None => out.push_str(&Json::String(s.clone()).to_string()),
+        },
         Some(Kind::Unknown(_)) => out.push_str(UNKNOWN_TEXT),
         Some(Kind::List(l)) => {
             out.push('[');

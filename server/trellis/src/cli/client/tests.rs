@@ -396,6 +396,11 @@ fn values_as_text() {
         "{\"a\": [true, (known after deploy)], \"b\": (sensitive), \"c\": 1.5, \"d\": null}"
     );
     assert_eq!(value_text(&s("line\nbreak")), "\"line\\nbreak\"");
+    // A local asset: its name and the start of its digest.
+    let uri = format!("asset:sha256:{}/code", "0123456789abcdef".repeat(4));
+    assert_eq!(value_text(&s(&uri)), "\"code\" (sha256:0123456789ab…)");
+    // Not quite one: as any string.
+    assert_eq!(value_text(&s("asset:x/code")), "\"asset:x/code\"");
 }
 
 #[test]
