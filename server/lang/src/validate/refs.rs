@@ -446,7 +446,7 @@ impl<'a, 'o> Checker<'a, 'o> {
                     "{what} must be a string, but this substitution yields {}",
                     article_of(got.as_str())
                 ),
-                Some("pick a scalar out of it (`join(..)`, `[0]`, `.field`) or convert it (`jsonencode(..)`)".to_owned()),
+                Some("pick a scalar out of it (`join(..)`, `[0]`, `.field`)".to_owned()),
             );
         }
     }
