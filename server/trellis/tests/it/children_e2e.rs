@@ -412,3 +412,97 @@ fn a_rollback_undoes_what_the_operation_did_to_the_children() {
     assert_eq!(code, 1, "{out}");
     assert_eq!(read(&root.join("store/data.txt")), "v2");
 }
+
+/// Issue 21, items 1 and 3: names with dots (a child, an `each` resource, a resource read
+/// through the quoted accessor) plan and deploy; a child `string` variable given `42` is
+/// refused at plan instead of being coerced.
+#[test]
+fn dotted_names_deploy_and_a_literal_of_the_wrong_type_is_refused() {
+    let root = TempDir::new("e2e-child-dotted");
+    let engine = Engine::start(root.path());
+    std::fs::create_dir_all(root.join("parts")).unwrap();
+    write(
+        &root.join("parts/core.yaml"),
+        r#"
+version: 2023-04-20
+variables:
+  dir:
+    type: string
+resources:
+  core.dir.v1:
+    type: local/directory
+    spec:
+      path: ${variables.dir}
+exports:
+  dir:
+    type: string
+    field: resources["core.dir.v1"].spec.path
+"#,
+    );
+    write(
+        &root.join("main.yaml"),
+        r#"
+version: 2023-04-20
+include:
+  core-infrastructure.v1:
+    path: parts/core.yaml
+    variables:
+      dir: dotted
+resources:
+  notes.v2:
+    type: local/file
+    each: ${list("a", "b")}
+    spec:
+      path: ${children["core-infrastructure.v1"].dir}/${elem}.txt
+      content: ${elem}
+  pointer.v1:
+    type: local/file
+    spec:
+      path: pointer.txt
+      content: ${resources["notes.v2"][1].spec.path}
+"#,
+    );
+    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "dots"]);
+    assert_eq!(code, 0, "{out}");
+    let cs = &out["changeSet"];
+    let core = child(cs, "core-infrastructure.v1");
+    assert_eq!(core["instance"], "dots/core-infrastructure.v1");
+    assert_eq!(
+        actions(&core["resources"]),
+        pairs(&[("core.dir.v1", "CREATE")])
+    );
+    let (code, out) = engine.json(&["deploy", "main.yaml", "--instance", "dots"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(read(&root.join("dotted/a.txt")), "a");
+    assert_eq!(read(&root.join("dotted/b.txt")), "b");
+    assert_eq!(read(&root.join("pointer.txt")), "dotted/b.txt");
+    let instance = engine.instance("dots");
+    for name in ["notes.v2_0", "notes.v2_1", "pointer.v1"] {
+        assert_eq!(
+            instance["resources"][name]["status"], "CREATED",
+            "{name}: {instance}"
+        );
+    }
+
+    // A string variable given a YAML integer: refused at the value, not coerced to "42".
+    write(
+        &root.join("typed.yaml"),
+        "version: 2023-04-20\ninclude:\n  core:\n    path: parts/core.yaml\n    variables:\n      dir: 42\nresources:\n  keep:\n    type: local/directory\n    spec:\n      path: kept\n",
+    );
+    let (code, out) = engine.json(&["plan", "typed.yaml", "--instance", "typed"]);
+    assert_eq!(code, 1, "{out}");
+    let d = out["changeSet"]["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["code"] == "T0406")
+        .unwrap_or_else(|| panic!("no T0406: {out}"));
+    assert!(
+        d["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("declares as string"),
+        "{d}"
+    );
+    assert!(!root.join("42").exists());
+}
