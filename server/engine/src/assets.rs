@@ -282,33 +282,24 @@ fn get_mut<'a>(v: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
     Some(cur)
 }
 
-/// Rewrites resource entry `idx`'s local asset fields to their URIs, from the assets the
-/// inputs carry (`assets`: request path → digest; `documents`: the inputs' file names, the
-/// root first). Returns a diagnostic for each field that
-/// names a path the inputs lack, or one not known yet, with the missing paths.
+/// Rewrites resource entry `idx`'s local asset fields (`fields`, from [`fields_of`]) to their
+/// URIs, from the assets the inputs carry (`assets`: request path → digest; `documents`: the
+/// inputs' file names, the root first). Returns a diagnostic for each field that names a path
+/// the inputs lack, or one not known yet, with the missing paths.
 pub fn resolve(
     prepared: &mut Prepared,
     idx: usize,
     assets: &IndexMap<String, String>,
-    manifests: &Manifests,
+    fields: &[Vec<String>],
     documents: &[String],
 ) -> (Vec<Diagnostic>, Vec<String>) {
-    let (template, instance, ty) = {
-        let x = &prepared.evaluation.resources[idx];
-        // A resource its condition leaves out is not deployed: nothing to send for it.
-        if matches!(x.condition, Some(Value::Bool(false))) {
-            return (Vec::new(), Vec::new());
-        }
-        (x.template.clone(), x.instance, x.ty.clone())
-    };
-    let maybe = matches!(
-        prepared.evaluation.resources[idx].condition,
-        Some(Value::Unknown)
-    );
-    let fields = fields_of(manifests, &ty);
-    if fields.is_empty() {
+    let x = &prepared.evaluation.resources[idx];
+    // A resource its condition leaves out is not deployed: nothing to send for it.
+    if matches!(x.condition, Some(Value::Bool(false))) {
         return (Vec::new(), Vec::new());
     }
+    let maybe = matches!(x.condition, Some(Value::Unknown));
+    let (template, instance) = (x.template.clone(), x.instance);
     let node = prepared
         .blueprint
         .resources

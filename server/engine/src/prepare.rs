@@ -99,6 +99,8 @@ pub struct Prepared {
     /// evaluation of a resource rewrites its asset fields from them (`assets::resolve`).
     assets: IndexMap<String, String>,
     documents: Vec<String>,
+    /// The `local_asset` field paths of each resource type met so far.
+    asset_fields: std::collections::HashMap<String, Vec<Vec<String>>>,
     /// Local assets the blueprint names that the inputs lack (a client sends them and plans
     /// again).
     pub missing_assets: Vec<String>,
@@ -178,10 +180,23 @@ impl Prepared {
     /// Rewrites resource entry `idx`'s local asset fields to their asset URIs; diagnostics for
     /// those the inputs lack.
     fn resolve_assets(&mut self, idx: usize, plugins: &PluginContext<'_>) -> Vec<Diagnostic> {
+        // The schema walk once per type: this runs before every apply.
+        let ty = &self.evaluation.resources[idx].ty;
+        let fields = match self.asset_fields.get(ty) {
+            Some(f) if f.is_empty() => return Vec::new(),
+            Some(f) => f.clone(),
+            None => {
+                let f = crate::assets::fields_of(&plugins.manifests, ty);
+                self.asset_fields.insert(ty.clone(), f.clone());
+                if f.is_empty() {
+                    return Vec::new();
+                }
+                f
+            }
+        };
         let assets = std::mem::take(&mut self.assets);
         let documents = std::mem::take(&mut self.documents);
-        let (diags, missing) =
-            crate::assets::resolve(self, idx, &assets, &plugins.manifests, &documents);
+        let (diags, missing) = crate::assets::resolve(self, idx, &assets, &fields, &documents);
         self.assets = assets;
         self.documents = documents;
         for m in missing {
@@ -389,6 +404,7 @@ pub fn prepare_with(
         injected: Vec::new(),
         assets: inputs.assets.clone(),
         documents: inputs.files.iter().map(|(n, _)| n.clone()).collect(),
+        asset_fields: Default::default(),
         missing_assets: Vec::new(),
     };
     let Some(checked) = checked else {
