@@ -261,6 +261,37 @@ pub struct Checked {
     pub injected: Vec<Injected>,
 }
 
+/// [`validate_source`], also checking each include whose `path` is written literally and is
+/// local against the child document `read_child` returns for it (the path joined to the
+/// directory of `name`; `None` when it cannot be read, which leaves the include to plan):
+/// the variables passed must have the types the child declares, and the child's required
+/// variables must be passed (`validate::includes::check_include_variables`). `trellis
+/// validate` passes a reader of files on its own machine.
+#[allow(clippy::too_many_arguments)]
+pub fn validate_source_with_children(
+    sources: &mut SourceMap,
+    name: &str,
+    bytes: Vec<u8>,
+    variables: &[(String, String)],
+    additions: Additions<'_>,
+    max_input_size: usize,
+    plugins: &PluginContext<'_>,
+    read_child: &dyn Fn(&str) -> Option<Vec<u8>>,
+    diags: &mut Diagnostics,
+) {
+    check_inner(
+        sources,
+        name,
+        bytes,
+        variables,
+        additions,
+        max_input_size,
+        plugins,
+        read_child,
+        diags,
+    );
+}
+
 /// [`validate_source`], also returning what was validated (`None` when the file could not be
 /// read or parsed). Check `diags` for errors before using it.
 #[allow(clippy::too_many_arguments)]
@@ -272,6 +303,47 @@ pub fn check_source(
     additions: Additions<'_>,
     max_input_size: usize,
     plugins: &PluginContext<'_>,
+    diags: &mut Diagnostics,
+) -> Option<Checked> {
+    // Plan reads and checks each child itself (`plan::undeclared_child_variable`).
+    check_inner(
+        sources,
+        name,
+        bytes,
+        variables,
+        additions,
+        max_input_size,
+        plugins,
+        &|_| None,
+        diags,
+    )
+}
+
+/// A local include path resolved against the directory of the including file `parent`;
+/// `None` for remote or empty paths.
+fn local_child_path(parent: &str, path: &str) -> Option<String> {
+    if path.is_empty() || path.contains("://") {
+        return None;
+    }
+    if path.starts_with('/') {
+        return Some(path.to_owned());
+    }
+    Some(match parent.rfind('/') {
+        Some(i) => format!("{}/{path}", &parent[..i]),
+        None => path.to_owned(),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_inner(
+    sources: &mut SourceMap,
+    name: &str,
+    bytes: Vec<u8>,
+    variables: &[(String, String)],
+    additions: Additions<'_>,
+    max_input_size: usize,
+    plugins: &PluginContext<'_>,
+    read_child: &dyn Fn(&str) -> Option<Vec<u8>>,
     diags: &mut Diagnostics,
 ) -> Option<Checked> {
     let mut local = Diagnostics::default();
@@ -332,6 +404,23 @@ pub fn check_source(
         }
     }
     let graph = validate::validate(&bp, src, &opts, &mut local);
+    for inc in &bp.include {
+        let Some(path) = inc.path.as_ref().and_then(|t| t.as_literal()) else {
+            continue;
+        };
+        let Some(child) = local_child_path(name, &path) else {
+            continue;
+        };
+        let Some(content) = read_child(&child) else {
+            continue;
+        };
+        let Some(declared) = crate::plan::child_variables(&child, &content, max_input_size) else {
+            continue;
+        };
+        validate::includes::check_include_variables(
+            &bp, inc, &path, &declared, &functions, &mut local,
+        );
+    }
     // Plugins are asked even when static checks failed, so one run reports
     // everything; only types a provider declares are sent.
     let known = |ty: &str| {

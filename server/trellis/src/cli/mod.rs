@@ -205,7 +205,7 @@ impl Report {
     }
 }
 
-use crate::validate::validate_source;
+use crate::validate::validate_source_with_children;
 
 fn run_validate(args: &ValidateArgs) -> ExitCode {
     let resolved = match inputs::resolve(&args.inputs, &args.vars) {
@@ -238,14 +238,18 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
             }
         }
     }
+    // A local child file is checked against what its include passes; one that cannot be
+    // read (or is too large) is left for plan to report.
+    let read_child = |child: &str| read_limited(child, args.max_input_size).ok();
     if args.skip_provider_checks {
         for (path, bytes) in inputs {
-            validate_source(
+            validate_source_with_children(
                 &mut report.sources,
                 path,
                 bytes,
                 &opts,
                 args.max_input_size,
+                &read_child,
                 &mut report.diagnostics,
             );
         }
@@ -280,7 +284,7 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
             let plugins = crate::check::PluginContext::load(&host, rt.handle().clone())
                 .with_configs(merged.configs());
             for (path, bytes) in inputs {
-                crate::check::validate_source(
+                crate::check::validate_source_with_children(
                     &mut report.sources,
                     path,
                     bytes,
@@ -288,6 +292,7 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
                     additions,
                     args.max_input_size,
                     &plugins,
+                    &read_child,
                     &mut report.diagnostics,
                 );
             }

@@ -427,3 +427,95 @@ fn eval_expand_masks_annotations_that_read_secrets() {
     assert_eq!(annotations["x.plain"], "open", "{v}");
     assert!(!v.to_string().contains("hunter2"), "{v}");
 }
+
+/// Issue 21, items 3 and 8: `trellis validate` checks what an include passes against the
+/// local child file (read relative to the including file): a child `string` variable given
+/// 42, literally or through an integer variable, is T0406 at the value, and a variable the
+/// child requires but the include leaves out is T0707 at the include. A child file that
+/// cannot be read is not checked (plan reports it). With and without provider checks.
+#[test]
+fn include_variables_are_checked_against_a_local_child_file() {
+    let dir = temp_dir("include-vars");
+    let sub = dir.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    write(
+        &sub,
+        "child.yaml",
+        "version: 2023-04-20\nvariables:\n  name:\n    type: string\n  port:\n    type: integer\nresources:\n  t:\n    type: x/y\n    spec:\n      n: ${variables.name}\n",
+    );
+    let parent = write(
+        &sub,
+        "parent.yaml",
+        "version: 2023-04-20
+variables:
+  port:
+    type: integer
+    default: 8080
+include:
+  core:
+    path: ./child.yaml
+    variables:
+      name: 42
+  viaVariable:
+    path: ./child.yaml
+    variables:
+      name: ${variables.port}
+      port: 1
+  fine:
+    path: child.yaml
+    variables:
+      name: orders
+      port: ${variables.port}
+  absent:
+    path: ./absent.yaml
+    variables:
+      name: 42
+resources:
+  a:
+    type: x/y
+    spec:
+      n: 1
+",
+    );
+    let empty_plugins = dir.join("plugins");
+    std::fs::create_dir_all(&empty_plugins).unwrap();
+    let with_providers: Vec<String> = vec![
+        "--no-bundled-plugins".into(),
+        "--plugin-dir".into(),
+        empty_plugins.to_string_lossy().into_owned(),
+        "--data-dir".into(),
+        dir.join("data").to_string_lossy().into_owned(),
+    ];
+    for mode in [vec!["--skip-provider-checks".to_owned()], with_providers] {
+        let out = trellis()
+            .arg("validate")
+            .args(&mode)
+            .args(["--format", "json", &parent])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{mode:?}: {}", stdout(&out));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("one JSON object");
+        let found: Vec<(&str, u64, &str)> = v["diagnostics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| matches!(d["code"].as_str(), Some("T0406" | "T0707")))
+            .map(|d| {
+                (
+                    d["code"].as_str().unwrap(),
+                    d["line"].as_u64().unwrap(),
+                    d["message"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let codes: Vec<(&str, u64)> = found.iter().map(|(c, l, _)| (*c, *l)).collect();
+        assert_eq!(
+            codes,
+            [("T0707", 7), ("T0406", 10), ("T0406", 14)],
+            "{mode:?}: {found:?}"
+        );
+        assert!(found[0].2.contains("`port`"), "{}", found[0].2);
+        assert!(found[1].2.contains("declares as string"), "{}", found[1].2);
+        assert!(found[2].2.contains("declares as string"), "{}", found[2].2);
+    }
+}
