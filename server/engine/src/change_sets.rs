@@ -393,7 +393,7 @@ impl Engine {
             let instance = format!("{parent}/{name}");
             let state = self.child_state(&instance)?;
             let at = plan::include_at_plan(prepared, i, plugins)?;
-            let Some(path) = at.path else {
+            let Some(path) = at.path.clone() else {
                 out.children.push(deferred_child(
                     &name,
                     &state,
@@ -444,8 +444,9 @@ impl Engine {
             }
             let declared = plan::child_variables(&file, &content, self.config.max_input_size)
                 .unwrap_or_default();
-            if let Some(d) =
-                plan::undeclared_child_variable(&prepared.blueprint.include[i], &file, &declared)
+            let include = &prepared.blueprint.include[i];
+            if let Some(d) = plan::undeclared_child_variable(include, &file, &declared)
+                .or_else(|| plan::mistyped_child_variable(include, &file, &declared, &at))
             {
                 prepared.diags.push(d);
                 return Err(PlanFailure::invalid("", prepared));

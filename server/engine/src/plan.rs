@@ -623,6 +623,9 @@ pub struct IncludeAtPlan {
     pub variables: Vec<(String, String)>,
     /// The variables whose values are known only after deploy.
     pub unknown: Vec<String>,
+    /// The type of each known value (`Value::type_name`), by variable, checked against the
+    /// child's declared types ([`mistyped_child_variable`]).
+    pub types: Vec<(String, &'static str)>,
 }
 
 /// [`Prepared::include_inputs`] for planning: a value known only after deploy is reported as
@@ -675,6 +678,7 @@ pub fn include_at_plan(
             Value::Str(s) => s.clone(),
             other => super::state_values::eval_to_json(other).to_string(),
         };
+        out.types.push((key.name.clone(), v.type_name()));
         out.variables.push((key.name.clone(), text));
     }
     Ok(out)
@@ -745,6 +749,65 @@ pub fn undeclared_child_variable(
         d = d.with_hint(format!("did you mean `{s}`?"));
     }
     Some(d)
+}
+
+/// A value the include passes, as evaluated at plan (`at`), of another type than the child
+/// (`file`, declaring `declared`) declares for its variable (`${variables.port}` of an integer
+/// variable given to a `string` one): `T0406` at the value, as validate reports what it can
+/// type statically. An integer is accepted for a float and a custom type's values are
+/// strings; nothing is coerced. Null and values of variables declared without a known type
+/// are left alone.
+pub fn mistyped_child_variable(
+    include: &crate::blueprint::Include,
+    file: &str,
+    declared: &[crate::blueprint::Variable],
+    at: &IncludeAtPlan,
+) -> Option<crate::diag::Diagnostic> {
+    use crate::blueprint::TKind;
+    for (name, got) in &at.types {
+        let Some(v) = declared.iter().find(|v| v.name.value == *name) else {
+            continue;
+        };
+        let Some(ty) = v.ty.as_ref().map(|t| t.value.as_str()) else {
+            continue;
+        };
+        let want = match ty {
+            t if t.contains('/') => "string",
+            t @ ("string" | "integer" | "float" | "boolean") => t,
+            _ => continue,
+        };
+        if matches!(*got, "null" | "function" | "unknown")
+            || *got == want
+            || (*got == "integer" && want == "float")
+        {
+            continue;
+        }
+        let Some((_, node)) = include.variables.iter().find(|(k, _)| k.name == *name) else {
+            continue;
+        };
+        let span = match &node.kind {
+            TKind::Str(t) => t.single_substitution().map_or(node.span, |s| s.span),
+            _ => node.span,
+        };
+        let hint = if want == "string" && matches!(*got, "integer" | "float" | "boolean") {
+            "a literal must be quoted to pass a string; a substitution must yield a string"
+        } else {
+            "pass a value of the type the child declares"
+        };
+        return Some(
+            crate::diag::Diagnostic::new(
+                &crate::diag::codes::VARIABLE_INPUT,
+                span,
+                format!(
+                    "include `{}` passes {} for variable `{name}`, which `{file}` declares as {ty}",
+                    include.name.value,
+                    crate::blueprint::article_of(got),
+                ),
+            )
+            .with_hint(hint),
+        );
+    }
+    None
 }
 
 /// Stand-in `--var` inputs for the variables of a child known only after deploy, so its
@@ -1066,5 +1129,66 @@ mod tests {
         assert_eq!(d.code.id, "T0406");
         assert_eq!(sources.resolve(d.span).0.line, 6, "{}", d.message);
         assert!(d.message.contains("declares as string"), "{}", d.message);
+    }
+
+    /// Issue 21, item 3: a value evaluated at plan (`${variables.port}` of an integer
+    /// variable) of another type than the child declares is refused at the substitution, not
+    /// coerced; an integer is accepted for a float.
+    #[test]
+    fn an_include_passing_an_evaluated_value_of_the_wrong_type_is_refused() {
+        let parent = b"version: 2023-04-20\nvariables:\n  port:\n    type: integer\ninclude:\n  core:\n    path: core.yaml\n    variables:\n      ratio: ${variables.port}\n      name: ${variables.port}\n      port: ${variables.port}\n";
+        let child = b"version: 2023-04-20\nvariables:\n  name:\n    type: string\n  port:\n    type: integer\n  ratio:\n    type: float\nresources: {}\n";
+        let declared = child_variables("core.yaml", child, 1 << 20).unwrap();
+        let mut sources = crate::source::SourceMap::new();
+        let mut diags = crate::diag::Diagnostics::default();
+        let id = crate::document::load_bytes(
+            &mut sources,
+            "parent.yaml",
+            parent.to_vec(),
+            1 << 20,
+            &mut diags,
+        )
+        .unwrap();
+        let root = crate::document::parse(
+            &sources,
+            id,
+            crate::document::Format::from_path("parent.yaml"),
+            &mut diags,
+        )
+        .unwrap();
+        let bp = crate::blueprint::load(&root, sources.get(id), id, &mut diags);
+        let include = &bp.include[0];
+        // Statically the substitutions are not known to the literal check.
+        assert!(undeclared_child_variable(include, "core.yaml", &declared).is_none());
+        let at = |types: &[(&str, &'static str)]| IncludeAtPlan {
+            types: types.iter().map(|(n, t)| ((*n).to_owned(), *t)).collect(),
+            ..IncludeAtPlan::default()
+        };
+        let wrong = at(&[
+            ("ratio", "integer"),
+            ("name", "integer"),
+            ("port", "integer"),
+        ]);
+        let d = mistyped_child_variable(include, "core.yaml", &declared, &wrong)
+            .expect("a string variable given an integer is refused");
+        assert_eq!(d.code.id, "T0406");
+        let (start, _) = sources.resolve(d.span);
+        assert_eq!((start.line, start.column), (10, 13), "{}", d.message);
+        assert!(d.message.contains("passes an integer"), "{}", d.message);
+        assert!(d.message.contains("declares as string"), "{}", d.message);
+        let right = at(&[
+            ("ratio", "integer"),
+            ("name", "string"),
+            ("port", "integer"),
+        ]);
+        assert!(mistyped_child_variable(include, "core.yaml", &declared, &right).is_none());
+        let float_for_integer = at(&[("port", "float")]);
+        let d = mistyped_child_variable(include, "core.yaml", &declared, &float_for_integer)
+            .expect("an integer variable given a float is refused");
+        assert_eq!(sources.resolve(d.span).0.line, 11, "{}", d.message);
+        assert!(
+            mistyped_child_variable(include, "core.yaml", &declared, &at(&[("name", "null")]))
+                .is_none()
+        );
     }
 }

@@ -506,3 +506,34 @@ resources:
     );
     assert!(!root.join("42").exists());
 }
+
+/// Issue 21, item 3: a value of another type reaching a child through a substitution (an
+/// integer variable's value given to a child's `string` variable) is refused at plan at the
+/// substitution, as a literal is, instead of being coerced to "42".
+#[test]
+fn a_value_of_the_wrong_type_passed_through_a_variable_is_refused_at_plan() {
+    let root = TempDir::new("e2e-child-typed-subst");
+    let engine = Engine::start(root.path());
+    std::fs::create_dir_all(root.join("parts")).unwrap();
+    write(
+        &root.join("parts/core.yaml"),
+        "version: 2023-04-20\nvariables:\n  dir:\n    type: string\nresources:\n  dir:\n    type: local/directory\n    spec:\n      path: ${variables.dir}\n",
+    );
+    write(
+        &root.join("main.yaml"),
+        "version: 2023-04-20\nvariables:\n  size:\n    type: integer\n    default: 42\ninclude:\n  core:\n    path: parts/core.yaml\n    variables:\n      dir: ${variables.size}\nresources:\n  keep:\n    type: local/directory\n    spec:\n      path: kept\n",
+    );
+    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "typed"]);
+    assert_eq!(code, 1, "{out}");
+    let d = out["changeSet"]["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["code"] == "T0406")
+        .unwrap_or_else(|| panic!("no T0406: {out}"));
+    assert_eq!(d["line"], 10, "{d}");
+    let message = d["message"].as_str().unwrap_or_default();
+    assert!(message.contains("passes an integer"), "{d}");
+    assert!(message.contains("declares as string"), "{d}");
+    assert!(!root.join("42").exists());
+}
