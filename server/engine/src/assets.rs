@@ -326,10 +326,10 @@ pub fn resolve(
     let mut diags = Vec::new();
     let mut missing = Vec::new();
     for path in fields {
-        let span = locate(&path);
+        let span = locate(path);
         let dir = base(span);
         let inst = &mut prepared.evaluation.instances[instance];
-        let Some(v) = get_mut(&mut inst.spec, &path) else {
+        let Some(v) = get_mut(&mut inst.spec, path) else {
             continue;
         };
         let written = match v {
@@ -362,7 +362,7 @@ pub fn resolve(
                 let uri = uri(digest, base_name(&key));
                 *v = Value::Str(uri.clone());
                 if let Some(masked) = inst.masked_spec.as_mut()
-                    && let Some(m) = get_mut(masked, &path)
+                    && let Some(m) = get_mut(masked, path)
                     && *m == Value::Str(written)
                 {
                     *m = Value::Str(uri);
