@@ -319,21 +319,6 @@ pub fn check_source(
     )
 }
 
-/// A local include path resolved against the directory of the including file `parent`;
-/// `None` for remote or empty paths.
-fn local_child_path(parent: &str, path: &str) -> Option<String> {
-    if path.is_empty() || path.contains("://") {
-        return None;
-    }
-    if path.starts_with('/') {
-        return Some(path.to_owned());
-    }
-    Some(match parent.rfind('/') {
-        Some(i) => format!("{}/{path}", &parent[..i]),
-        None => path.to_owned(),
-    })
-}
-
 #[allow(clippy::too_many_arguments)]
 fn check_inner(
     sources: &mut SourceMap,
@@ -408,7 +393,7 @@ fn check_inner(
         let Some(path) = inc.path.as_ref().and_then(|t| t.as_literal()) else {
             continue;
         };
-        let Some(child) = local_child_path(name, &path) else {
+        let Some(child) = crate::validate::local_child_path(name, &path) else {
             continue;
         };
         let Some(content) = read_child(&child) else {

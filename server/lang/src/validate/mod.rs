@@ -158,7 +158,7 @@ pub fn validate_source_with_children(
 
 /// A local include path resolved against the directory of the including file; `None` for
 /// remote or empty paths.
-fn local_child_path(parent: &str, path: &str) -> Option<String> {
+pub fn local_child_path(parent: &str, path: &str) -> Option<String> {
     if path.is_empty() || path.contains("://") {
         return None;
     }
