@@ -74,7 +74,7 @@ registry! {
     MISSING_FIELD = "T0302" "missing-field" Error "A required field is missing.";
     UNKNOWN_FIELD = "T0303" "unknown-field" Error "A field is not part of the specification for this section.";
     UNSUPPORTED_VERSION = "T0304" "unsupported-version" Error "`version` is not `2023-04-20`.";
-    NOTHING_TO_DEPLOY = "T0305" "nothing-to-deploy" Error "A blueprint needs at least one resource or include.";
+    NOTHING_TO_DEPLOY = "T0305" "nothing-to-deploy" Error "A blueprint has no `resources` section or an empty one; every blueprint, included children too, needs at least one resource.";
     INVALID_NAME = "T0306" "invalid-name" Error "A name does not match `[A-Za-z_][A-Za-z0-9_-]*` (resources, values, data sources and child blueprints may also have dots between such parts).";
     SUBST_NOT_ALLOWED = "T0307" "subst-not-allowed" Error "A `${..}` substitution appears where the specification forbids one.";
     SUBST_DISCOURAGED = "T0308" "subst-discouraged" Warning "A `${..}` substitution in a description works but hurts readability.";

@@ -356,9 +356,7 @@ impl Builder<'_> {
             bp.malformed = true;
             return bp;
         };
-        bp.malformed = ["resources", "include"]
-            .iter()
-            .any(|s| get(top, s).is_some_and(|n| n.as_map().is_none()));
+        bp.malformed = get(top, "resources").is_some_and(|n| n.as_map().is_none());
         match get(top, "version") {
             None => self.diags.push(
                 Diagnostic::new(

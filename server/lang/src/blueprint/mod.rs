@@ -115,8 +115,8 @@ pub struct Blueprint {
     pub include: Vec<Include>,
     pub exports: Vec<Export>,
     pub metadata: Option<TNode>,
-    /// The document or its `resources`/`include` section was not a mapping
-    /// (already reported): "nothing to deploy" would only repeat that.
+    /// The document or its `resources` section was not a mapping (already
+    /// reported): "no resources" would only repeat that.
     pub malformed: bool,
 }
 

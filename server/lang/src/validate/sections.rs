@@ -27,14 +27,17 @@ pub(super) const FILTER_OPERATORS: &[&str] = &[
 ];
 
 pub(super) fn check(bp: &Blueprint, opts: &Options<'_>, diags: &mut Diagnostics) {
-    if bp.resources.is_empty() && bp.include.is_empty() && !bp.malformed {
+    // `resources (required)`: the 2023-04-20 specification requires the section in every
+    // blueprint, included children too; an include does not stand in for it (decision 0002).
+    if bp.resources.is_empty() && !bp.malformed {
+        let message = if bp.include.is_empty() {
+            "the blueprint has no resources"
+        } else {
+            "the blueprint has no resources: `resources` is required even when it includes child blueprints"
+        };
         diags.push(
-            Diagnostic::new(
-                &codes::NOTHING_TO_DEPLOY,
-                bp.span.start_point(),
-                "the blueprint has no resources and no include",
-            )
-            .with_hint("add a `resources` section with at least one resource, or include a child blueprint"),
+            Diagnostic::new(&codes::NOTHING_TO_DEPLOY, bp.span.start_point(), message)
+                .with_hint("add a `resources` section with at least one resource"),
         );
     }
     for v in &bp.variables {

@@ -280,7 +280,8 @@ fn includes_nested_past_the_depth_limit_are_refused_with_the_chain() {
     for n in 0..=10 {
         let text = if n < 10 {
             format!(
-                "version: 2023-04-20\ninclude:\n  next:\n    path: level{}.yaml\n",
+                "version: 2023-04-20\ninclude:\n  next:\n    path: level{}.yaml\nresources:\n  \
+                 own:\n    type: sim/resource\n    spec:\n      latencyMs: 0\n",
                 n + 1
             )
         } else {

@@ -252,10 +252,11 @@ fn the_parents_change_set_lists_each_childs_changes() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(read(&root.join("shared/b.txt")), format!("third {digest}"));
 
-    // A child no longer included is planned as deleted, with everything it has.
+    // A child no longer included is planned as deleted, with everything it has
+    // (`resources` is required: the parent keeps one of its own).
     write(
         &root.join("main.yaml"),
-        "version: 2023-04-20\ninclude:\n  a:\n    path: parts/a.yaml\n    variables:\n      dir: shared\n",
+        "version: 2023-04-20\ninclude:\n  a:\n    path: parts/a.yaml\n    variables:\n      dir: shared\nresources:\n  keep:\n    type: local/directory\n    spec:\n      path: kept\n",
     );
     let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "main"]);
     assert_eq!(code, 0, "{out}");
@@ -263,7 +264,10 @@ fn the_parents_change_set_lists_each_childs_changes() {
     let b = child(cs, "b");
     assert_eq!(b["action"], "DELETE", "{cs}");
     assert_eq!(actions(&b["resources"]), pairs(&[("copy", "DELETE")]));
-    assert_eq!(actions(&cs["resources"]), pairs(&[("pointer", "DELETE")]));
+    assert_eq!(
+        actions(&cs["resources"]),
+        pairs(&[("keep", "CREATE"), ("pointer", "DELETE")])
+    );
 }
 
 fn store(content: &str) -> String {
@@ -536,4 +540,38 @@ fn a_value_of_the_wrong_type_passed_through_a_variable_is_refused_at_plan() {
     assert!(message.contains("passes an integer"), "{d}");
     assert!(message.contains("declares as string"), "{d}");
     assert!(!root.join("42").exists());
+}
+
+/// Issue 21, item 2: `resources` is required in every blueprint, an included child too; a child
+/// with none is refused at plan, at the child's first line, before anything is created.
+#[test]
+fn a_child_without_resources_is_refused_at_plan() {
+    let root = TempDir::new("e2e-child-no-resources");
+    let engine = Engine::start(root.path());
+    std::fs::create_dir_all(root.join("parts")).unwrap();
+    write(
+        &root.join("parts/core.yaml"),
+        "version: 2023-04-20\nresources: {}\n",
+    );
+    write(
+        &root.join("main.yaml"),
+        "version: 2023-04-20\ninclude:\n  core:\n    path: parts/core.yaml\nresources:\n  keep:\n    type: local/directory\n    spec:\n      path: kept\n",
+    );
+    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "empty"]);
+    assert_eq!(code, 1, "{out}");
+    let d = out["changeSet"]["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["code"] == "T0305")
+        .unwrap_or_else(|| panic!("no T0305: {out}"));
+    assert!(
+        d["file"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("core.yaml"),
+        "{d}"
+    );
+    assert_eq!(d["line"], 1, "{d}");
+    assert!(!root.join("kept").exists());
 }

@@ -1042,11 +1042,11 @@ exports:
     // An include cycle is an error naming the chain, not a hang.
     write(
         &root.join("loop-a.yaml"),
-        "version: 2023-04-20\ninclude:\n  b:\n    path: loop-b.yaml\n",
+        "version: 2023-04-20\ninclude:\n  b:\n    path: loop-b.yaml\nresources:\n  own:\n    type: sim/resource\n    spec:\n      latencyMs: 0\n",
     );
     write(
         &root.join("loop-b.yaml"),
-        "version: 2023-04-20\ninclude:\n  a:\n    path: loop-a.yaml\n",
+        "version: 2023-04-20\ninclude:\n  a:\n    path: loop-a.yaml\nresources:\n  own:\n    type: sim/resource\n    spec:\n      latencyMs: 0\n",
     );
     let (code, out) = engine.json(&["deploy", "loop-a.yaml", "--instance", "loop"]);
     assert_eq!(code, 1, "{out}");
@@ -1062,10 +1062,11 @@ fn includes_relative_to_the_working_directory_need_an_allowed_root() {
         &root.join("core_infra/child-blueprint.yaml"),
         "version: 2023-04-20\nresources:\n  data:\n    type: local/directory\n    spec:\n      path: core-data\nexports:\n  dir:\n    type: string\n    field: resources.data.spec.path\n",
     );
-    // The specification's working-directory example.
+    // The specification's working-directory example, with a resource of its own (`resources` is
+    // required).
     write(
         &root.join("app_infra/main-blueprint.yaml"),
-        "version: 2023-04-20\ninclude:\n  child:\n    path: ${cwd()}/core_infra/child-blueprint.yaml\nexports:\n  dir:\n    type: string\n    field: children.child.dir\n",
+        "version: 2023-04-20\ninclude:\n  child:\n    path: ${cwd()}/core_infra/child-blueprint.yaml\nresources:\n  own:\n    type: sim/resource\n    spec:\n      latencyMs: 0\nexports:\n  dir:\n    type: string\n    field: children.child.dir\n",
     );
     let engine = Engine::builder(root.path()).allow_path(root.path()).start();
     let (code, out) = engine.json(&[

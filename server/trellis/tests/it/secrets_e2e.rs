@@ -247,6 +247,12 @@ include:
     path: failing_file.yaml
     variables:
       dirName: "${variables.dirName}"
+resources:
+  after:
+    type: local/directory
+    dependsOn: [part]
+    spec:
+      path: after-part
 "#;
 
 #[test]

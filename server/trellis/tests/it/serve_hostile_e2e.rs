@@ -124,7 +124,7 @@ fn child_blueprint_errors_come_back_as_diagnostics_too() {
     let engine = Engine::start(dir.path());
     write(
         &dir.path().join("app.yaml"),
-        "version: 2023-04-20\ninclude:\n  net:\n    path: ./net.yaml\n",
+        "version: 2023-04-20\ninclude:\n  net:\n    path: ./net.yaml\nresources:\n  own:\n    type: sim/resource\n    spec:\n      latencyMs: 0\n",
     );
     write(&dir.path().join("net.yaml"), &blueprint_with_errors(150));
     let (code, doc) = engine.json(&["plan", "app.yaml", "--instance", "app"]);

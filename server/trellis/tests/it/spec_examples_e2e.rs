@@ -5,7 +5,8 @@
 //! The documents are the verbatim copies kept in the validation corpus
 //! (`tests/conformance/validate/spec-include-same-directory` and
 //! `spec-include-cwd-corrected`), with the AWS types swapped for `sim/resource` by the table
-//! in [`swap_aws_for_sim`]: nothing else about them is rewritten by hand.
+//! in [`swap_aws_for_sim`]: nothing else about them is rewritten by hand. (The main blueprints
+//! end with one `bucket` resource the published examples lack: `resources` is required.)
 
 use std::path::Path;
 
@@ -33,6 +34,7 @@ fn swap_aws_for_sim(text: &str) -> String {
         ("type: aws/sns/topic", "type: sim/resource"),
         ("type: aws/eventbridge/event-bus", "type: sim/resource"),
         ("type: aws/api-gateway/rest-api", "type: sim/resource"),
+        ("type: aws/s3/bucket", "type: sim/resource"),
         ("type: aws/region", "type: string"),
         ("    spec:\n      ", "    spec:\n      payload:\n        "),
         ("spec.arn", "spec.id"),
