@@ -580,11 +580,14 @@ impl Slot {
             let sha = sha.clone();
             let m = manifest.clone();
             let name = self.binary.name.clone();
-            tokio::task::spawn_blocking(move || {
+            // Awaited: a short-lived command (`trellis plugins list`) exits right after, and a
+            // write still queued then would be lost, so the next command launches the plugin.
+            let _ = tokio::task::spawn_blocking(move || {
                 if let Err(e) = cache.store(&sha, &m) {
                     tracing::warn!(plugin = %name, error = %e, "cannot write the manifest cache");
                 }
-            });
+            })
+            .await;
         }
         let m = Arc::new(manifest);
         if let Some(fp) = fp {
