@@ -227,7 +227,13 @@ pub struct Additions<'a> {
     pub secret_variables: &'a [String],
 }
 
-/// Validates one file with plugins; diagnostics are appended sorted.
+/// Validates one file with plugins; diagnostics are appended sorted. Each include whose
+/// `path` is written literally and is local is also checked against the child document
+/// `read_child` returns for it (the path joined to the directory of `name`; `None` when it
+/// cannot be read, which leaves the include to plan): the variables passed must have the
+/// types the child declares, and the child's required variables must be passed
+/// (`validate::includes::check_include_variables`). `trellis validate` passes a reader of
+/// files on its own machine; the engine, which checks children at plan, one that reads none.
 #[allow(clippy::too_many_arguments)]
 pub fn validate_source(
     sources: &mut SourceMap,
@@ -237,6 +243,7 @@ pub fn validate_source(
     additions: Additions<'_>,
     max_input_size: usize,
     plugins: &PluginContext<'_>,
+    read_child: &dyn Fn(&str) -> Option<Vec<u8>>,
     diags: &mut Diagnostics,
 ) {
     check_source(
@@ -247,6 +254,7 @@ pub fn validate_source(
         additions,
         max_input_size,
         plugins,
+        read_child,
         diags,
     );
 }
@@ -261,66 +269,10 @@ pub struct Checked {
     pub injected: Vec<Injected>,
 }
 
-/// [`validate_source`], also checking each include whose `path` is written literally and is
-/// local against the child document `read_child` returns for it (the path joined to the
-/// directory of `name`; `None` when it cannot be read, which leaves the include to plan):
-/// the variables passed must have the types the child declares, and the child's required
-/// variables must be passed (`validate::includes::check_include_variables`). `trellis
-/// validate` passes a reader of files on its own machine.
-#[allow(clippy::too_many_arguments)]
-pub fn validate_source_with_children(
-    sources: &mut SourceMap,
-    name: &str,
-    bytes: Vec<u8>,
-    variables: &[(String, String)],
-    additions: Additions<'_>,
-    max_input_size: usize,
-    plugins: &PluginContext<'_>,
-    read_child: &dyn Fn(&str) -> Option<Vec<u8>>,
-    diags: &mut Diagnostics,
-) {
-    check_inner(
-        sources,
-        name,
-        bytes,
-        variables,
-        additions,
-        max_input_size,
-        plugins,
-        read_child,
-        diags,
-    );
-}
-
 /// [`validate_source`], also returning what was validated (`None` when the file could not be
 /// read or parsed). Check `diags` for errors before using it.
 #[allow(clippy::too_many_arguments)]
 pub fn check_source(
-    sources: &mut SourceMap,
-    name: &str,
-    bytes: Vec<u8>,
-    variables: &[(String, String)],
-    additions: Additions<'_>,
-    max_input_size: usize,
-    plugins: &PluginContext<'_>,
-    diags: &mut Diagnostics,
-) -> Option<Checked> {
-    // Plan reads and checks each child itself (`plan::undeclared_child_variable`).
-    check_inner(
-        sources,
-        name,
-        bytes,
-        variables,
-        additions,
-        max_input_size,
-        plugins,
-        &|_| None,
-        diags,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn check_inner(
     sources: &mut SourceMap,
     name: &str,
     bytes: Vec<u8>,

@@ -365,6 +365,7 @@ impl Engine {
                 additions,
                 max,
                 &plugins,
+                &|_| None,
                 &mut diags,
             );
             Ok(diags

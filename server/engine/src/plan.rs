@@ -1099,19 +1099,14 @@ mod tests {
         assert!(!format!("{changes:?}").contains("hunter2"));
     }
 
-    /// Issue 21, item 3: a literal of another type than the child declares is refused at
-    /// plan, not coerced into the child's variable.
-    #[test]
-    fn an_include_passing_a_literal_of_the_wrong_type_is_refused() {
-        let parent = b"version: 2023-04-20\ninclude:\n  core:\n    path: core.yaml\n    variables:\n      name: 42\n      port: 8080\n";
-        let child = b"version: 2023-04-20\nvariables:\n  name:\n    type: string\n  port:\n    type: integer\nresources: {}\n";
-        let declared = child_variables("core.yaml", child, 1 << 20).unwrap();
+    /// `parent.yaml` with `text`, loaded.
+    fn parent_blueprint(text: &[u8]) -> (crate::source::SourceMap, crate::blueprint::Blueprint) {
         let mut sources = crate::source::SourceMap::new();
         let mut diags = crate::diag::Diagnostics::default();
         let id = crate::document::load_bytes(
             &mut sources,
             "parent.yaml",
-            parent.to_vec(),
+            text.to_vec(),
             1 << 20,
             &mut diags,
         )
@@ -1124,6 +1119,17 @@ mod tests {
         )
         .unwrap();
         let bp = crate::blueprint::load(&root, sources.get(id), id, &mut diags);
+        (sources, bp)
+    }
+
+    /// Issue 21, item 3: a literal of another type than the child declares is refused at
+    /// plan, not coerced into the child's variable.
+    #[test]
+    fn an_include_passing_a_literal_of_the_wrong_type_is_refused() {
+        let parent = b"version: 2023-04-20\ninclude:\n  core:\n    path: core.yaml\n    variables:\n      name: 42\n      port: 8080\n";
+        let child = b"version: 2023-04-20\nvariables:\n  name:\n    type: string\n  port:\n    type: integer\nresources: {}\n";
+        let declared = child_variables("core.yaml", child, 1 << 20).unwrap();
+        let (sources, bp) = parent_blueprint(parent);
         let d = undeclared_child_variable(&bp.include[0], "core.yaml", &declared)
             .expect("a string variable given 42 is refused");
         assert_eq!(d.code.id, "T0406");
@@ -1139,24 +1145,7 @@ mod tests {
         let parent = b"version: 2023-04-20\nvariables:\n  port:\n    type: integer\ninclude:\n  core:\n    path: core.yaml\n    variables:\n      ratio: ${variables.port}\n      name: ${variables.port}\n      port: ${variables.port}\n";
         let child = b"version: 2023-04-20\nvariables:\n  name:\n    type: string\n  port:\n    type: integer\n  ratio:\n    type: float\nresources: {}\n";
         let declared = child_variables("core.yaml", child, 1 << 20).unwrap();
-        let mut sources = crate::source::SourceMap::new();
-        let mut diags = crate::diag::Diagnostics::default();
-        let id = crate::document::load_bytes(
-            &mut sources,
-            "parent.yaml",
-            parent.to_vec(),
-            1 << 20,
-            &mut diags,
-        )
-        .unwrap();
-        let root = crate::document::parse(
-            &sources,
-            id,
-            crate::document::Format::from_path("parent.yaml"),
-            &mut diags,
-        )
-        .unwrap();
-        let bp = crate::blueprint::load(&root, sources.get(id), id, &mut diags);
+        let (sources, bp) = parent_blueprint(parent);
         let include = &bp.include[0];
         // Statically the substitutions are not known to the literal check.
         assert!(undeclared_child_variable(include, "core.yaml", &declared).is_none());

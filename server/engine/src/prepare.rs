@@ -385,6 +385,8 @@ pub fn prepare_with(
         additions,
         limits.max_input_size,
         plugins,
+        // Plan reads and checks each child itself (`plan::undeclared_child_variable`).
+        &|_| None,
         &mut diags,
     );
     let mut prepared = Prepared {

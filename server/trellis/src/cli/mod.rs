@@ -284,7 +284,7 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
             let plugins = crate::check::PluginContext::load(&host, rt.handle().clone())
                 .with_configs(merged.configs());
             for (path, bytes) in inputs {
-                crate::check::validate_source_with_children(
+                crate::check::validate_source(
                     &mut report.sources,
                     path,
                     bytes,

@@ -511,6 +511,19 @@ resources:
     assert!(!root.join("42").exists());
 }
 
+/// Plans `main.yaml` as `instance`, which must fail: the diagnostic with `code`.
+fn refused_plan(engine: &Engine, instance: &str, code: &str) -> Value {
+    let (exit, out) = engine.json(&["plan", "main.yaml", "--instance", instance]);
+    assert_eq!(exit, 1, "{out}");
+    out["changeSet"]["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["code"] == code)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {code}: {out}"))
+}
+
 /// Issue 21, item 3: a value of another type reaching a child through a substitution (an
 /// integer variable's value given to a child's `string` variable) is refused at plan at the
 /// substitution, as a literal is, instead of being coerced to "42".
@@ -527,14 +540,7 @@ fn a_value_of_the_wrong_type_passed_through_a_variable_is_refused_at_plan() {
         &root.join("main.yaml"),
         "version: 2023-04-20\nvariables:\n  size:\n    type: integer\n    default: 42\ninclude:\n  core:\n    path: parts/core.yaml\n    variables:\n      dir: ${variables.size}\nresources:\n  keep:\n    type: local/directory\n    spec:\n      path: kept\n",
     );
-    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "typed"]);
-    assert_eq!(code, 1, "{out}");
-    let d = out["changeSet"]["diagnostics"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["code"] == "T0406")
-        .unwrap_or_else(|| panic!("no T0406: {out}"));
+    let d = refused_plan(&engine, "typed", "T0406");
     assert_eq!(d["line"], 10, "{d}");
     let message = d["message"].as_str().unwrap_or_default();
     assert!(message.contains("passes an integer"), "{d}");
@@ -557,14 +563,7 @@ fn a_child_without_resources_is_refused_at_plan() {
         &root.join("main.yaml"),
         "version: 2023-04-20\ninclude:\n  core:\n    path: parts/core.yaml\nresources:\n  keep:\n    type: local/directory\n    spec:\n      path: kept\n",
     );
-    let (code, out) = engine.json(&["plan", "main.yaml", "--instance", "empty"]);
-    assert_eq!(code, 1, "{out}");
-    let d = out["changeSet"]["diagnostics"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["code"] == "T0305")
-        .unwrap_or_else(|| panic!("no T0305: {out}"));
+    let d = refused_plan(&engine, "empty", "T0305");
     assert!(
         d["file"]
             .as_str()
