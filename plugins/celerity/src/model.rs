@@ -11,7 +11,19 @@
 
 use serde_json::{Map, Value as Json};
 use std::collections::BTreeMap;
+use trellis_plugin_sdk::PathStep;
 use trellis_plugin_sdk::prelude::*;
+
+/// `v` as the SDK's value, every string that holds a substitution (`${...}`)
+/// unknown: the engine evaluates it after the transform.
+fn checkable(v: &Json) -> Value {
+    match v {
+        Json::String(s) if s.contains("${") => Value::Unknown,
+        Json::Array(items) => Value::List(items.iter().map(checkable).collect()),
+        Json::Object(m) => Value::Map(m.iter().map(|(k, v)| (k.clone(), checkable(v))).collect()),
+        other => Value::from(other.clone()),
+    }
+}
 
 /// One resource of the input blueprint (abstract or not).
 #[derive(Clone, Debug)]
@@ -60,6 +72,11 @@ impl Resource {
             .and_then(Json::as_object)
     }
 
+    /// `spec.<field>` when it is a string.
+    pub fn spec_str(&self, field: &str) -> Option<&str> {
+        self.spec().get(field).and_then(Json::as_str)
+    }
+
     /// `resources.<name>`
     pub fn at(&self) -> AttrPath {
         AttrPath::root()
@@ -90,6 +107,8 @@ impl Resource {
 #[derive(Debug, Default)]
 pub struct Input {
     pub resources: Vec<Resource>,
+    /// The blueprint's own `metadata` (`sharedHandlerConfig` lives there).
+    pub metadata: Map<String, Json>,
 }
 
 impl Input {
@@ -111,7 +130,15 @@ impl Input {
                     .collect()
             })
             .unwrap_or_default();
-        Input { resources }
+        let metadata = doc
+            .get("metadata")
+            .and_then(Json::as_object)
+            .cloned()
+            .unwrap_or_default();
+        Input {
+            resources,
+            metadata,
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<&Resource> {
@@ -211,10 +238,155 @@ impl Out {
         self.diagnostics.last_mut().expect("just pushed")
     }
 
+    /// Checks `from`'s spec against `schema` (types, allowed values, required
+    /// and unknown fields), each finding a diagnostic at its field with the
+    /// code `celerity.<schema code>` (`celerity.schema.type`). Strings holding
+    /// a substitution are taken as unknown: the engine evaluates them later.
+    pub fn check_spec(&mut self, from: &Resource, schema: &Schema) {
+        self.check_value(from.spec(), from.at().field("spec"), schema);
+    }
+
+    /// [`Out::check_spec`] for any object of the document, at `base`.
+    pub fn check_value(&mut self, value: &Map<String, Json>, base: AttrPath, schema: &Schema) {
+        let value = checkable(&Json::Object(value.clone()));
+        for d in schema.check(&value) {
+            let mut at = base.clone();
+            for step in d.path.as_ref().map(AttrPath::steps).unwrap_or_default() {
+                at = match step {
+                    PathStep::Field(f) => at.field(f.as_str()),
+                    PathStep::Index(i) => at.index(*i),
+                };
+            }
+            let mut nd =
+                Diagnostic::new(d.severity, format!("celerity.{}", d.code), d.message).at(at);
+            nd.hint = d.hint;
+            self.diagnostics.push(nd);
+        }
+    }
+
+    /// Sets `metadata.<group>.<key>` (labels or annotations) of an emitted
+    /// resource.
+    pub fn set_metadata(&mut self, name: &str, group: &str, key: &str, value: Json) {
+        if let Some(def) = self.get_mut(name) {
+            let meta = def
+                .entry("metadata")
+                .or_insert_with(|| Json::Object(Map::new()));
+            if let Some(meta) = meta.as_object_mut() {
+                let g = meta
+                    .entry(group)
+                    .or_insert_with(|| Json::Object(Map::new()));
+                if let Some(g) = g.as_object_mut() {
+                    g.insert(key.to_owned(), value);
+                }
+            }
+        }
+    }
+
     /// References to `${resources.<abstract>.spec.<field>}` become references
     /// to `concrete` (a path like `resources.saveOrder.spec.functionName`).
     pub fn alias(&mut self, from: &Resource, field: &str, concrete: impl Into<String>) {
         self.aliases
             .insert((from.name.clone(), field.to_owned()), concrete.into());
     }
+}
+
+// ---- wiring of triggers (api, consumer, schedule) onto emitted resources ----
+
+/// The marker annotations by which a handler says which of its linked
+/// triggers it serves (`celerity.handler.http`, `.schedule`, `.consumer`).
+pub const TRIGGER_MARKERS: &[&str] = &[
+    "celerity.handler.http",
+    "celerity.handler.websocket",
+    "celerity.handler.schedule",
+    "celerity.handler.consumer",
+];
+
+/// Whether a handler serves the trigger kind `marker` (one of
+/// [`TRIGGER_MARKERS`]): a handler without any marker serves every trigger
+/// that selects it; one with markers only those it marks `true`. The HTTP
+/// route annotations count as the HTTP marker.
+pub fn serves(handler: &Resource, marker: &str) -> bool {
+    let ann = handler.annotations();
+    let on = |key: &str| match ann.get(key) {
+        Some(Json::Bool(b)) => *b,
+        Some(Json::String(s)) => s == "true",
+        _ => false,
+    };
+    let http = on("celerity.handler.http")
+        || ann.contains_key("celerity.handler.http.method")
+        || ann.contains_key("celerity.handler.http.path");
+    let marked = |m: &str| {
+        if m == "celerity.handler.http" {
+            http
+        } else {
+            on(m)
+        }
+    };
+    if TRIGGER_MARKERS.iter().any(|m| marked(m)) {
+        marked(marker)
+    } else {
+        true
+    }
+}
+
+/// `metadata.<section>` of an emitted resource, created when missing.
+pub fn metadata_map<'a>(
+    def: &'a mut Map<String, Json>,
+    section: &str,
+) -> &'a mut Map<String, Json> {
+    let meta = def
+        .entry("metadata")
+        .or_insert_with(|| Json::Object(Map::new()));
+    if !meta.is_object() {
+        *meta = Json::Object(Map::new());
+    }
+    let map = meta
+        .as_object_mut()
+        .expect("an object")
+        .entry(section)
+        .or_insert_with(|| Json::Object(Map::new()));
+    if !map.is_object() {
+        *map = Json::Object(Map::new());
+    }
+    map.as_object_mut().expect("an object")
+}
+
+/// Adds a label to an emitted resource; `Err(existing value)` when the
+/// resource already carries the key with another value.
+pub fn add_label(def: &mut Map<String, Json>, key: &str, value: &Json) -> Result<(), Json> {
+    let labels = metadata_map(def, "labels");
+    match labels.get(key) {
+        Some(v) if v != value => Err(v.clone()),
+        _ => {
+            labels.insert(key.to_owned(), value.clone());
+            Ok(())
+        }
+    }
+}
+
+/// `linkSelector.byLabel` of an emitted resource, when set and not empty.
+pub fn emitted_selector(def: &Map<String, Json>) -> Option<Map<String, Json>> {
+    def.get("linkSelector")
+        .and_then(|s| s.get("byLabel"))
+        .and_then(Json::as_object)
+        .filter(|m| !m.is_empty())
+        .cloned()
+}
+
+/// Diagnostics as one line each (`Error celerity.x at resources.a.spec.b: ...`),
+/// for tests' snapshots.
+#[cfg(test)]
+pub fn diagnostic_lines(diagnostics: &[Diagnostic]) -> Vec<String> {
+    diagnostics
+        .iter()
+        .map(|d| {
+            let at = d.path.as_ref().map(ToString::to_string).unwrap_or_default();
+            let hint = d
+                .hint
+                .as_deref()
+                .map(|h| format!(" (hint: {h})"))
+                .unwrap_or_default();
+            format!("{:?} {} at {at}: {}{hint}", d.severity, d.code, d.message)
+        })
+        .collect()
 }

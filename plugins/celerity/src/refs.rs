@@ -1,4 +1,5 @@
-//! Rewriting references to abstract fields inside `${…}` substitutions.
+//! Rewriting references to abstract fields inside `${…}` substitutions and
+//! in the `field` paths of exports.
 
 use serde_json::{Map, Value as Json};
 use std::collections::BTreeMap;
@@ -6,13 +7,25 @@ use std::collections::BTreeMap;
 type Aliases = BTreeMap<(String, String), String>;
 
 /// Rewrites every `resources.<abstract>.spec.<field>` inside a substitution
-/// of any string of the document to the concrete path `aliases` names.
+/// of any string of the document, and at the start of an export's `field`
+/// path, to the concrete path `aliases` names.
 pub(crate) fn rewrite(doc: &mut Map<String, Json>, aliases: &Aliases) {
     if aliases.is_empty() {
         return;
     }
     for (_, v) in doc.iter_mut() {
         walk(v, aliases);
+    }
+    // `exports.<name>.field` is a path written without `${}`.
+    if let Some(exports) = doc.get_mut("exports").and_then(Json::as_object_mut) {
+        for export in exports.values_mut() {
+            if let Some(Json::String(field)) = export.get_mut("field") {
+                let (new, changed) = rewrite_inner(field, aliases);
+                if changed {
+                    *field = new;
+                }
+            }
+        }
     }
 }
 
@@ -122,5 +135,24 @@ mod tests {
         ] {
             assert_eq!(rewrite_str(s, &a), None, "{s}");
         }
+    }
+
+    #[test]
+    fn export_field_paths_are_rewritten() {
+        let mut doc = serde_json::json!({
+            "exports": {
+                "fn": {"type": "string", "field": "resources.saveOrder.spec.handlerName"},
+                "other": {"type": "string", "field": "resources.saveOrder.spec.memory"}
+            }
+        });
+        rewrite(doc.as_object_mut().expect("object"), &aliases());
+        assert_eq!(
+            doc["exports"]["fn"]["field"],
+            "resources.saveOrder.spec.functionName"
+        );
+        assert_eq!(
+            doc["exports"]["other"]["field"],
+            "resources.saveOrder.spec.memory"
+        );
     }
 }

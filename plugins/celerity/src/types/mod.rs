@@ -38,22 +38,37 @@ macro_rules! kind {
             finish: None,
         }
     };
+    ($m:ident, $desc:expr, finish) => {
+        Kind {
+            ty: $m::TYPE,
+            description: $desc,
+            schema: $m::schema,
+            emit: $m::emit,
+            finish: Some($m::finish),
+        }
+    };
 }
 
 pub const KINDS: &[Kind] = &[
-    kind!(handler_config, handler_config::DESCRIPTION),
+    kind!(handler_config, handler_config::DESCRIPTION, finish),
     kind!(config, config::DESCRIPTION),
     kind!(datastore, datastore::DESCRIPTION),
     kind!(queue, queue::DESCRIPTION),
     kind!(topic, topic::DESCRIPTION),
     kind!(bucket, bucket::DESCRIPTION),
-    kind!(
-        handler,
-        "A Celerity handler, deployed as an AWS Lambda function"
-    ),
-    kind!(api, api::DESCRIPTION),
-    kind!(consumer, consumer::DESCRIPTION),
-    kind!(schedule, schedule::DESCRIPTION),
+    kind!(handler, handler::DESCRIPTION),
+    Kind {
+        finish: Some(api::finish),
+        ..kind!(api, api::DESCRIPTION)
+    },
+    Kind {
+        finish: Some(consumer::finish),
+        ..kind!(consumer, consumer::DESCRIPTION)
+    },
+    Kind {
+        finish: Some(schedule::finish),
+        ..kind!(schedule, schedule::DESCRIPTION)
+    },
 ];
 
 /// Types of the Celerity documentation this transformer does not implement
