@@ -13,7 +13,7 @@ use serde_json::{Map, Value as Json};
 
 use crate::diff::{FieldChange, Shown};
 use crate::links::PlannedLink;
-use crate::plan::{Action, ChildPlan, Plan, PlannedExport, PlannedResource};
+use crate::plan::{Action, ChildPlan, DerivedFrom, Plan, PlannedExport, PlannedResource};
 use crate::prepare::Inputs;
 use crate::settings::Environment;
 use indexmap::IndexMap;
@@ -222,6 +222,16 @@ struct StoredResource {
     fields: Vec<StoredField>,
     reason: String,
     depends_on: Vec<String>,
+    /// The abstract resource a transformer generated it from (absent in bodies written
+    /// before derivations were recorded, and for resources no transformer generated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    derived_from: Option<StoredDerivedFrom>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredDerivedFrom {
+    resource: String,
+    transform: String,
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize)]
@@ -433,6 +443,10 @@ impl From<&PlannedResource> for StoredResource {
             fields: r.fields.iter().map(StoredField::from).collect(),
             reason: r.reason.clone(),
             depends_on: r.depends_on.clone(),
+            derived_from: r.derived_from.as_ref().map(|d| StoredDerivedFrom {
+                resource: d.resource.clone(),
+                transform: d.transform.clone(),
+            }),
         }
     }
 }
@@ -446,6 +460,10 @@ impl From<StoredResource> for PlannedResource {
             fields: r.fields.into_iter().map(Into::into).collect(),
             reason: r.reason,
             depends_on: r.depends_on,
+            derived_from: r.derived_from.map(|d| DerivedFrom {
+                resource: d.resource,
+                transform: d.transform,
+            }),
         }
     }
 }

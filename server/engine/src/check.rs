@@ -267,6 +267,10 @@ pub struct Checked {
     pub graph: crate::validate::refs::Graph,
     /// The spec fields property injectors set.
     pub injected: Vec<Injected>,
+    /// Whether `file` is the transformers' output (the blueprint has `transform:`).
+    pub transformed: bool,
+    /// Each resource the transformers generated, with the abstract resource it came from.
+    pub derivations: Vec<transform::Derivation>,
 }
 
 /// [`validate_source`], also returning what was validated (`None` when the file could not be
@@ -375,6 +379,8 @@ pub fn check_source(
         blueprint: bp,
         graph,
         injected,
+        transformed: transformed.is_some(),
+        derivations: transformed.map(|t| t.derivations).unwrap_or_default(),
     })
 }
 

@@ -44,6 +44,10 @@ pub struct RunContext {
     /// The provider config of the run, set once by the operation before any provider call
     /// (a deploy's from its change set, a destroy's from the instance's record).
     pub configs: std::sync::OnceLock<ProviderConfigs>,
+    /// The resources of the run that a transformer generated, by name, with the abstract
+    /// resource each came from: set by a deploy from its change set, so that every event about
+    /// such a resource names both (`derivedFrom` in the payload).
+    pub derivations: std::sync::OnceLock<HashMap<String, super::plan::DerivedFrom>>,
 }
 
 /// How a run ended.
@@ -74,10 +78,20 @@ impl RunContext {
         changes: Vec<Change>,
         events: Vec<NewEvent>,
     ) -> Result<Committed, StateError> {
+        let derivations = self.derivations.get();
         let events = events
             .into_iter()
             .map(|mut e| {
                 if let Json::Object(o) = &mut e.payload {
+                    let derived = derivations
+                        .zip(o.get("resource").and_then(Json::as_str))
+                        .and_then(|(all, name)| all.get(name));
+                    if let Some(d) = derived {
+                        o.insert(
+                            "derivedFrom".into(),
+                            json!({ "resource": d.resource, "transform": d.transform }),
+                        );
+                    }
                     o.insert("operation".into(), Json::String(self.operation.id.clone()));
                 }
                 e
@@ -1988,6 +2002,7 @@ mod tests {
             fields: Vec::new(),
             reason: String::new(),
             depends_on: Vec::new(),
+            derived_from: None,
         };
         let (env, config) = (mk("env"), mk("config"));
         let applies = vec![&env, &config];

@@ -318,6 +318,7 @@ mod tests {
             fields: vec![],
             reason: String::new(),
             depends_on: vec![],
+            derived_from: None,
         }
     }
 

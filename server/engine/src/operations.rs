@@ -387,6 +387,7 @@ impl Engine {
             rt: self.rt.clone(),
             link_locks: exec::LinkLocks::default(),
             configs: std::sync::OnceLock::new(),
+            derivations: std::sync::OnceLock::new(),
         });
         let this = self.clone();
         self.rt.spawn(async move {
@@ -620,6 +621,13 @@ impl Engine {
             Ok(m) => m,
             Err(e) => return fail(e),
         };
+        // Events about generated resources name the abstract resource too.
+        let _ = ctx.derivations.set(
+            plan.resources
+                .iter()
+                .filter_map(|r| Some((r.name.clone(), r.derived_from.clone()?)))
+                .collect(),
+        );
         let plugins = &plugins.with_configs(ctx.configs());
         // Provider failures and plugin logs are cleaned of this deploy's secrets while it runs
         // (its children's and links' calls and its rollback included): see `crate::redact`.

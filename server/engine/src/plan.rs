@@ -48,6 +48,25 @@ pub struct PlannedResource {
     pub fields: Vec<FieldChange>,
     pub reason: String,
     pub depends_on: Vec<String>,
+    /// The abstract resource a transformer generated this one from, and the transform.
+    pub derived_from: Option<DerivedFrom>,
+}
+
+/// The abstract resource (as the user wrote it) a generated resource came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DerivedFrom {
+    pub resource: String,
+    pub transform: String,
+}
+
+impl DerivedFrom {
+    /// The derivation of `generated` among a blueprint's, if a transformer generated it.
+    pub fn find(derivations: &[crate::transform::Derivation], generated: &str) -> Option<Self> {
+        crate::transform::derivation_of(derivations, generated).map(|d| DerivedFrom {
+            resource: d.abstract_resource.clone(),
+            transform: d.transform.clone(),
+        })
+    }
 }
 
 /// Marks the fields of `resource` (a template name) that property injectors set, and what is
@@ -364,6 +383,7 @@ pub fn plan(
         }
         let mut fields = fields;
         mark_injected(&prepared.injected, &template, &mut fields);
+        let derived_from = DerivedFrom::find(&prepared.derivations, &template);
         out.push(PlannedResource {
             name,
             resource_type: ty,
@@ -371,6 +391,7 @@ pub fn plan(
             fields,
             reason,
             depends_on,
+            derived_from,
         });
     }
     // What the blueprint no longer has goes, dependents before what they depend on.
@@ -387,6 +408,7 @@ pub fn plan(
             fields: Vec::new(),
             reason: "no longer in the blueprint".to_owned(),
             depends_on: r.depends_on.clone(),
+            derived_from: None,
         });
     }
     check_evaluated_annotations(prepared, manifests);
@@ -573,6 +595,7 @@ pub fn deleted_child(name: &str, state: &InstanceState, nested: Vec<ChildPlan>) 
             fields: Vec::new(),
             reason: "the child is no longer included".to_owned(),
             depends_on: r.depends_on.clone(),
+            derived_from: None,
         })
         .collect();
     let links = state

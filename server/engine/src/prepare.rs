@@ -95,6 +95,8 @@ pub struct Prepared {
     pub link_data: std::collections::HashMap<(String, String), Value>,
     /// The spec fields property injectors set, by resource template.
     pub injected: Vec<crate::inject::Injected>,
+    /// The resources `transform:` generated, with the abstract resource each came from.
+    pub derivations: Vec<crate::transform::Derivation>,
     /// The inputs' local assets (path → digest) and document names (the root first): every
     /// evaluation of a resource rewrites its asset fields from them (`assets::resolve`).
     assets: IndexMap<String, String>,
@@ -404,6 +406,7 @@ pub fn prepare_with(
         links: Vec::new(),
         link_data: Default::default(),
         injected: Vec::new(),
+        derivations: Vec::new(),
         assets: inputs.assets.clone(),
         documents: inputs.files.iter().map(|(n, _)| n.clone()).collect(),
         asset_fields: Default::default(),
@@ -415,6 +418,7 @@ pub fn prepare_with(
     prepared.blueprint = checked.blueprint;
     prepared.graph = checked.graph;
     prepared.injected = checked.injected;
+    prepared.derivations = checked.derivations;
     if prepared.diags.has_errors() {
         return prepared;
     }
