@@ -110,7 +110,9 @@ mod tests {
         }));
         let save = &out.blueprint["resources"]["saveOrder"];
         assert_eq!(save["type"], "aws/lambda/function");
-        assert_eq!(save["spec"]["functionName"], "saveOrder");
+        // No handlerName: the provider derives the function's name.
+        assert!(save["spec"].get("functionName").is_none());
+        assert_eq!(save["spec"]["codeUri"], "./orders");
         assert_eq!(
             save["spec"]["environment"]["variables"]["TABLE"],
             "${resources.table.spec.name}"
@@ -124,12 +126,16 @@ mod tests {
             out.blueprint["values"]["fn"]["value"],
             "${resources.saveOrder.spec.functionName}"
         );
+        assert_eq!(
+            out.blueprint["exports"]["fn"]["field"],
+            "resources.saveOrder.spec.functionName"
+        );
         let codes: Vec<&str> = out.diagnostics.iter().map(|d| d.code.as_str()).collect();
         assert_eq!(
             codes,
             [
+                "celerity.schema.not-allowed",
                 "celerity.missing-field",
-                "celerity.runtime",
                 "celerity.unsupported-type"
             ]
         );

@@ -357,3 +357,143 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
     out.alias(r, "handlerName", at("functionName"));
     out.alias(r, "id", at("arn"));
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::diagnostic_lines;
+    use crate::transform_doc;
+    use serde_json::{Value, json};
+
+    fn doc(resources: Value, metadata: Value) -> Value {
+        json!({"version": "2023-04-20", "transform": "celerity-2023-04-20",
+               "metadata": metadata, "resources": resources})
+    }
+
+    #[test]
+    fn handler_inherits_handler_config_over_shared_config() {
+        let out = transform_doc(doc(
+            json!({
+                "ordersConfig": {
+                    "type": "celerity/handlerConfig",
+                    "metadata": {"labels": {"handlerGroup": "orders"}},
+                    "spec": {"codeLocation": "./orders", "memory": 1024,
+                             "environmentVariables": {"LOG": "debug", "REGION": "eu"}}
+                },
+                "saveOrder": {
+                    "type": "celerity/handler",
+                    "metadata": {"labels": {"app": "orders"}},
+                    "linkSelector": {"byLabel": {"handlerGroup": "orders"}},
+                    "spec": {"handler": "save.handler", "handlerName": "SaveOrder-v1",
+                             "timeout": 10, "tracingEnabled": true,
+                             "environmentVariables": {"LOG": "info"}}
+                },
+                "listOrders": {
+                    "type": "celerity/handler",
+                    "spec": {"handler": "list.handler", "codeLocation": "./list"}
+                }
+            }),
+            json!({"sharedHandlerConfig": {
+                "runtime": "python3.13.x", "memory": 256, "timeout": 60,
+                "environmentVariables": {"STAGE": "${variables.stage}", "REGION": "us"}
+            }}),
+        ));
+        assert!(
+            out.diagnostics.is_empty(),
+            "{:?}",
+            diagnostic_lines(&out.diagnostics)
+        );
+        // The handlerConfig is not emitted; both handlers are functions.
+        insta::assert_json_snapshot!("handler_inheritance", out.blueprint["resources"]);
+        let names: Vec<(&str, &str)> = out
+            .derivations
+            .iter()
+            .map(|d| (d.generated_resource.as_str(), d.abstract_resource.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [("saveOrder", "saveOrder"), ("listOrders", "listOrders")]
+        );
+    }
+
+    #[test]
+    fn handler_links_to_backing_resources_and_aliases_its_fields() {
+        let out = transform_doc(json!({
+            "version": "2023-04-20",
+            "transform": "celerity-2023-04-20",
+            "resources": {
+                "orders": {"type": "celerity/datastore",
+                           "metadata": {"labels": {"app": "orders"}},
+                           "spec": {"keys": {"partitionKey": "id"}}},
+                "saveOrder": {
+                    "type": "celerity/handler",
+                    "linkSelector": {"byLabel": {"app": "orders"}},
+                    "spec": {"handler": "save.handler", "codeLocation": "./orders",
+                             "runtime": "nodejs24.x"}
+                },
+                "caller": {
+                    "type": "aws/lambda/function",
+                    "spec": {"codeUri": "./caller",
+                             "description": "calls ${resources.saveOrder.spec.handlerName} (${resources.saveOrder.spec.id})"}
+                }
+            },
+            "exports": {"fn": {"type": "string", "field": "resources.saveOrder.spec.id"}}
+        }));
+        assert!(
+            out.diagnostics.is_empty(),
+            "{:?}",
+            diagnostic_lines(&out.diagnostics)
+        );
+        let save = &out.blueprint["resources"]["saveOrder"];
+        assert_eq!(save["linkSelector"], json!({"byLabel": {"app": "orders"}}));
+        assert_eq!(
+            save["metadata"]["annotations"]["aws.lambda.function.populateEnvVars"],
+            true
+        );
+        assert_eq!(save["spec"]["runtime"], "nodejs24.x");
+        assert_eq!(
+            out.blueprint["resources"]["orders"]["metadata"]["labels"]["app"],
+            "orders"
+        );
+        assert_eq!(
+            out.blueprint["resources"]["caller"]["spec"]["description"],
+            "calls ${resources.saveOrder.spec.functionName} (${resources.saveOrder.spec.arn})"
+        );
+        assert_eq!(
+            out.blueprint["exports"]["fn"]["field"],
+            "resources.saveOrder.spec.arn"
+        );
+    }
+
+    #[test]
+    fn handler_diagnostics_point_at_the_field_that_set_the_value() {
+        let out = transform_doc(doc(
+            json!({
+                "big": {
+                    "type": "celerity/handlerConfig",
+                    "metadata": {"labels": {"g": "big"}},
+                    "spec": {"memory": 20000, "runtime": "cobol"}
+                },
+                "other": {
+                    "type": "celerity/handlerConfig",
+                    "metadata": {"labels": {"g": "big"}},
+                    "spec": {}
+                },
+                "lonely": {"type": "celerity/handlerConfig", "spec": {"timeout": 5}},
+                "a": {
+                    "type": "celerity/handler",
+                    "linkSelector": {"byLabel": {"g": "big"}},
+                    "spec": {"handler": "a.h", "timeout": 901, "tracingEnabled": "${variables.t}"}
+                },
+                "b": {"type": "celerity/handler", "spec": {"memory": "lots"}}
+            }),
+            json!({"sharedHandlerConfig": {"runtime": "python2.7", "bogus": 1}}),
+        ));
+        insta::assert_json_snapshot!("handler_diagnostics", diagnostic_lines(&out.diagnostics));
+        // A selector that selects only handlerConfigs is not carried over.
+        assert!(
+            out.blueprint["resources"]["a"]
+                .get("linkSelector")
+                .is_none()
+        );
+    }
+}

@@ -57,18 +57,9 @@ pub const KINDS: &[Kind] = &[
     kind!(topic, topic::DESCRIPTION),
     kind!(bucket, bucket::DESCRIPTION),
     kind!(handler, handler::DESCRIPTION),
-    Kind {
-        finish: Some(api::finish),
-        ..kind!(api, api::DESCRIPTION)
-    },
-    Kind {
-        finish: Some(consumer::finish),
-        ..kind!(consumer, consumer::DESCRIPTION)
-    },
-    Kind {
-        finish: Some(schedule::finish),
-        ..kind!(schedule, schedule::DESCRIPTION)
-    },
+    kind!(api, api::DESCRIPTION, finish),
+    kind!(consumer, consumer::DESCRIPTION, finish),
+    kind!(schedule, schedule::DESCRIPTION, finish),
 ];
 
 /// Types of the Celerity documentation this transformer does not implement

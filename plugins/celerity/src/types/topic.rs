@@ -1,15 +1,70 @@
-//! `celerity/topic`: not implemented yet (issue 17).
+//! `celerity/topic` → `aws/sns/topic` of the same name.
 
 use crate::model::{Input, Out, Resource};
+use serde_json::{Map, Value as Json, json};
 use trellis_plugin_sdk::prelude::*;
 
 pub const TYPE: &str = "celerity/topic";
-pub const DESCRIPTION: &str = "A pub/sub topic";
+pub const DESCRIPTION: &str = "A pub/sub topic, deployed as an SNS topic";
 
 pub fn schema() -> Schema {
     Schema::object()
+        .describe("A pub/sub topic")
+        .field(
+            "name",
+            Field::string().describe(
+                "The topic's name (`.fifo` is added to a FIFO topic's name when missing); derived from the instance and resource name when not set",
+            ),
+        )
+        .field(
+            "fifo",
+            Field::boolean()
+                .default(false)
+                .describe("A FIFO topic: messages in order, without duplicates"),
+        )
+        .field(
+            "encryptionKeyId",
+            Field::string().describe("The KMS key (id, alias or ARN) that encrypts messages at rest"),
+        )
 }
 
 pub fn emit(_input: &Input, r: &Resource, out: &mut Out) {
-    crate::types::not_supported(r, out);
+    out.check_spec(r, &schema());
+    let spec = r.spec();
+    let fifo = spec.get("fifo").and_then(Json::as_bool) == Some(true);
+    let mut t = Map::new();
+    if let Some(name) = spec.get("name") {
+        let name = match name.as_str() {
+            Some(n) if fifo && !n.contains("${") && !n.ends_with(".fifo") => {
+                json!(format!("{n}.fifo"))
+            }
+            _ => name.clone(),
+        };
+        t.insert("topicName".into(), name);
+    }
+    if let Some(f) = spec.get("fifo")
+        && f != &Json::Bool(false)
+    {
+        t.insert("fifoTopic".into(), f.clone());
+    }
+    if let Some(k) = spec.get("encryptionKeyId") {
+        t.insert("kmsMasterKeyId".into(), k.clone());
+    }
+    for key in [
+        "celerity.topic.bucket.events",
+        "celerity.topic.bucket.filterPrefix",
+        "celerity.topic.bucket.filterSuffix",
+    ] {
+        if r.annotations().contains_key(key) {
+            out.warning(
+                "topic.bucket-events",
+                "bucket notifications to topics are not supported on AWS yet; the annotation has no effect",
+                r.at().field("metadata").field("annotations").field(key),
+            );
+        }
+    }
+    out.emit(&r.name, r, "aws/sns/topic", Json::Object(t));
+    let at = |f: &str| format!("resources.{}.spec.{f}", r.name);
+    out.alias(r, "name", at("topicName"));
+    out.alias(r, "id", at("topicArn"));
 }

@@ -67,6 +67,9 @@ pub enum Command {
     /// no new operations, running ones stop at a safe point within --drain-timeout (or are
     /// marked interrupted), plugins stop, exit 0.
     Serve(Box<crate::serve::ServeArgs>),
+    /// Engine API tokens: `trellis token create --name N --role R --tokens-file F`
+    /// (docs/auth.md).
+    Token(crate::cli::token::TokenArgs),
     // Client commands (plan, deploy, destroy, instances, ...): their help is in cli/client/.
     #[command(flatten)]
     Client(crate::cli::client::ClientCommand),
@@ -78,6 +81,7 @@ mod eval;
 pub mod inputs;
 pub mod plugin_cmds;
 
+pub mod token;
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
     /// The text to evaluate, e.g. '${to_upper(variables.env)}'.
@@ -173,6 +177,7 @@ pub fn main() -> ExitCode {
 }
 
 /// The result of validating files: the sources (for rendering) and what was found.
+        Command::Token(args) => token::run(&args),
 pub struct Report {
     pub sources: SourceMap,
     pub diagnostics: Diagnostics,

@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use trellis_proto::engine::v1 as api;
 use trellis_proto::plugin::v1 as pb;
 
+use super::auth::{Caller, Role};
 use crate::engine::diff::{FieldChange, Shown};
 use crate::engine::links::PlannedLink;
 use crate::engine::plan::{Action, ChildPlan, PlannedResource};
@@ -678,6 +679,8 @@ impl api::engine_server::Engine for EngineApi {
         let (vars, env) = variables(r.variables, r.environment)?;
         let (mut src, received) = source(r.source)?;
         if !received.is_empty() {
+        let caller = Caller::of(&req)?;
+        caller.check(&r.instance, Role::Planner, "CreateChangeSet")?;
             let kept = self.engine.keep_assets(received).await.map_err(status)?;
             if let Source::Inline { assets, .. } = &mut src {
                 *assets = kept;
@@ -714,19 +717,20 @@ impl api::engine_server::Engine for EngineApi {
             .engine
             .get_change_set(&req.into_inner().change_set_id)
             .await
+        let caller = Caller::of(&req)?;
             .map_err(status)?;
         Ok(Response::new(change_set(&v)))
     }
 
     async fn list_change_sets(
+        caller.check(&v.instance_name, Role::Viewer, "GetChangeSet")?;
         &self,
         req: Request<api::ListChangeSetsRequest>,
     ) -> Result<Response<api::ListChangeSetsResponse>, Status> {
-        let list = self
-            .engine
-            .list_change_sets(&req.into_inner().instance)
-            .await
-            .map_err(status)?;
+        let caller = Caller::of(&req)?;
+        let name = req.into_inner().instance;
+        caller.check(&name, Role::Viewer, "ListChangeSets")?;
+        let list = self.engine.list_change_sets(&name).await.map_err(status)?;
         Ok(Response::new(api::ListChangeSetsResponse {
             change_sets: list.iter().map(change_set).collect(),
         }))
@@ -736,15 +740,24 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::ExecuteChangeSetRequest>,
     ) -> Result<Response<api::Operation>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
-        let op = self
-            .engine
-            .execute(&r.request_id, &r.change_set_id, r.rollback_on_failure)
-            .await
+        if !matches!(caller, Caller::Open) {
+            let planned = self
+                .engine
+                .get_change_set(&r.change_set_id)
+                .await
+                .map_err(status)?;
+            caller.check(&planned.instance_name, Role::Deployer, "ExecuteChangeSet")?;
+        }
             .map_err(status)?;
         self.encode_operation(op).await
     }
 
+        let op = self
+            .engine
+            .execute(&r.request_id, &r.change_set_id, r.rollback_on_failure)
+            .await
     async fn destroy(
         &self,
         req: Request<api::DestroyRequest>,
@@ -753,6 +766,8 @@ impl api::engine_server::Engine for EngineApi {
         let op = self
             .engine
             .destroy(&r.request_id, &r.instance)
+        let caller = Caller::of(&req)?;
+        caller.check(&r.instance, Role::Deployer, "Destroy")?;
             .await
             .map_err(status)?;
         self.encode_operation(op).await
@@ -766,6 +781,8 @@ impl api::engine_server::Engine for EngineApi {
         let s = self
             .engine
             .get_instance(&r.instance)
+        let caller = Caller::of(&req)?;
+        check_read(&caller, &r.instance, r.reveal_secrets, "GetInstance")?;
             .await
             .map_err(status)?;
         Ok(Response::new(instance(&s, r.reveal_secrets)))
@@ -773,11 +790,17 @@ impl api::engine_server::Engine for EngineApi {
 
     async fn list_instances(
         &self,
-        _req: Request<api::ListInstancesRequest>,
+        req: Request<api::ListInstancesRequest>,
     ) -> Result<Response<api::ListInstancesResponse>, Status> {
         let list = self.engine.list_instances().await.map_err(status)?;
         Ok(Response::new(api::ListInstancesResponse {
-            instances: list.iter().map(instance_summary).collect(),
+            instances: list
+                .iter()
+        let caller = Caller::of(&req)?;
+                .filter(|i| caller.may_see(&i.name))
+        // A token limited to some instances sees only those.
+                .map(instance_summary)
+                .collect(),
         }))
     }
 
@@ -789,6 +812,8 @@ impl api::engine_server::Engine for EngineApi {
         let s = self
             .engine
             .get_instance(&r.instance)
+        let caller = Caller::of(&req)?;
+        check_read(&caller, &r.instance, r.reveal_secrets, "GetExports")?;
             .await
             .map_err(status)?;
         Ok(Response::new(api::GetExportsResponse {
@@ -808,11 +833,14 @@ impl api::engine_server::Engine for EngineApi {
             .engine
             .get_operation(&req.into_inner().operation_id)
             .await
+        let caller = Caller::of(&req)?;
             .map_err(status)?;
         self.encode_operation(op).await
     }
 
     async fn list_operations(
+        self.check_operation(&caller, &op, Role::Viewer, "GetOperation")
+            .await?;
         &self,
         req: Request<api::ListOperationsRequest>,
     ) -> Result<Response<api::ListOperationsResponse>, Status> {
@@ -820,6 +848,8 @@ impl api::engine_server::Engine for EngineApi {
         let ops = self.engine.list_operations(&name).await.map_err(status)?;
         Ok(Response::new(api::ListOperationsResponse {
             operations: ops.iter().map(|o| operation(o, &name, 0)).collect(),
+        let caller = Caller::of(&req)?;
+        caller.check(&name, Role::Viewer, "ListOperations")?;
         }))
     }
 
@@ -831,6 +861,7 @@ impl api::engine_server::Engine for EngineApi {
         let op = self
             .engine
             .get_operation(&r.operation_id)
+        let caller = Caller::of(&req)?;
             .await
             .map_err(status)?;
         let store = self.engine.store().clone();
@@ -842,6 +873,7 @@ impl api::engine_server::Engine for EngineApi {
         // after that unless retention already removed them).
         let after = r.after_seq.max(inst.pruned_through);
         Ok(Response::new(watch(
+        caller.check(&inst.name, Role::Viewer, "WatchOperation")?;
             self.engine.clone(),
             op.instance_id,
             after,
@@ -858,6 +890,8 @@ impl api::engine_server::Engine for EngineApi {
         let id = self.engine.instance_id(&r.instance).await.map_err(status)?;
         Ok(Response::new(watch(
             self.engine.clone(),
+        let caller = Caller::of(&req)?;
+        caller.check(&r.instance, Role::Viewer, "WatchInstance")?;
             id,
             r.after_seq,
             Watch::Instance { follow: r.follow },
@@ -870,11 +904,14 @@ impl api::engine_server::Engine for EngineApi {
         req: Request<api::CancelOperationRequest>,
     ) -> Result<Response<api::Operation>, Status> {
         // `request_id` is not needed: cancelling is idempotent (see the proto).
-        let op = self
-            .engine
-            .cancel(&req.into_inner().operation_id)
-            .await
-            .map_err(status)?;
+        let caller = Caller::of(&req)?;
+        let id = req.into_inner().operation_id;
+        if !matches!(caller, Caller::Open) {
+            let op = self.engine.get_operation(&id).await.map_err(status)?;
+            self.check_operation(&caller, &op, Role::Deployer, "CancelOperation")
+                .await?;
+        }
+        let op = self.engine.cancel(&id).await.map_err(status)?;
         self.encode_operation(op).await
     }
 
@@ -882,11 +919,10 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::CheckDriftRequest>,
     ) -> Result<Response<api::DriftReport>, Status> {
-        let report = self
-            .engine
-            .check_drift(&req.into_inner().instance)
-            .await
-            .map_err(status)?;
+        let caller = Caller::of(&req)?;
+        let name = req.into_inner().instance;
+        caller.check(&name, Role::Deployer, "CheckDrift")?;
+        let report = self.engine.check_drift(&name).await.map_err(status)?;
         Ok(Response::new(drift(&report)))
     }
 
@@ -898,6 +934,8 @@ impl api::engine_server::Engine for EngineApi {
         let accept = match api::ReconcileMode::try_from(r.mode) {
             Ok(api::ReconcileMode::AcceptExternal) => true,
             Ok(api::ReconcileMode::Reapply) => false,
+        let caller = Caller::of(&req)?;
+        caller.check(&r.instance, Role::Deployer, "Reconcile")?;
             _ => {
                 return Err(Status::invalid_argument(
                     "mode must be RECONCILE_MODE_ACCEPT_EXTERNAL or RECONCILE_MODE_REAPPLY",
@@ -913,15 +951,48 @@ impl api::engine_server::Engine for EngineApi {
     }
 }
 
+/// Reading an instance: `viewer`, and `admin` to see secret values.
+fn check_read(
+    caller: &Caller,
+    name: &str,
+    reveal_secrets: bool,
+    method: &str,
+) -> Result<(), Status> {
+    if reveal_secrets {
+        caller.check(name, Role::Admin, &format!("{method} with reveal_secrets"))
+    } else {
+        caller.check(name, Role::Viewer, method)
+    }
+}
+
 impl EngineApi {
-    async fn encode_operation(
+    /// The caller may do `what` (needing `need`) on the instance of operation `op`.
+    async fn check_operation(
         &self,
-        op: state::Operation,
-    ) -> Result<Response<api::Operation>, Status> {
+        caller: &Caller,
+        op: &state::Operation,
+        need: Role,
+        what: &str,
+    ) -> Result<(), Status> {
+        if matches!(caller, Caller::Open) {
+            return Ok(());
+        }
         let name = self
             .engine
             .instance_name(&op.instance_id)
             .await
+            .map_err(status)?;
+        caller.check(&name, need, what)
+    }
+
+        let name = self
+            .engine
+            .instance_name(&op.instance_id)
+            .await
+    async fn encode_operation(
+        &self,
+        op: state::Operation,
+    ) -> Result<Response<api::Operation>, Status> {
             .map_err(status)?;
         Ok(Response::new(operation(&op, &name, 0)))
     }

@@ -159,6 +159,11 @@ pub struct ServeArgs {
     /// them off (default 60s).
     #[arg(long, value_name = "SECONDS", env = "TRELLIS_TCP_KEEPALIVE", value_parser = parse_duration)]
     pub tcp_keepalive: Option<Duration>,
+    /// Serve without authentication on a non-loopback address (no `[auth]` in the config
+    /// file). Anyone who can reach the port can deploy and read secrets; a warning is logged
+    /// at every start. Only a flag: no environment variable or config key turns it on.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
 }
 
 /// The settings of a running engine, validated, with every path absolute.
@@ -192,6 +197,29 @@ pub struct ServeConfig {
     pub connections: ConnectionSettings,
     /// Provider configuration and property injectors (docs/configuration.md), secrets read.
     pub settings: crate::engine::settings::EngineSettings,
+    /// `[auth]`: who may call the engine API (docs/auth.md); `None` lets everyone.
+    pub auth: Option<AuthSettings>,
+    /// `--insecure-no-auth`: no `[auth]`, on purpose, whatever the address.
+    pub insecure_no_auth: bool,
+}
+
+/// The `[auth]` table, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthSettings {
+    /// The tokens file (absolute): hashed tokens, their roles and instance patterns.
+    pub tokens_file: PathBuf,
+    /// Serve gRPC reflection without a token (default: a token of any role is needed).
+    pub open_reflection: bool,
+}
+
+/// `[auth]` as written in the config file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileAuth {
+    #[serde(alias = "tokens_file")]
+    tokens_file: PathBuf,
+    #[serde(default, alias = "open_reflection")]
+    open_reflection: bool,
 }
 
 /// How the engine treats client connections. `None` turns a timer off.
@@ -308,6 +336,8 @@ struct FileSettings {
     providers: Option<toml::Table>,
     /// `[injectors."<type>"]`: property injectors.
     injectors: Option<toml::Table>,
+    /// `[auth]`: tokens and roles (serve/auth.rs).
+    auth: Option<FileAuth>,
 }
 
 /// A duration in the file: an integer number of seconds or a string such as `"2m"`.
@@ -644,7 +674,36 @@ impl ServeArgs {
             tcp_keepalive: timer(tcp_keepalive),
         };
 
+        // The tokens file is read (and checked) when the engine starts; here only where.
+        let auth = match (settings.auth, file) {
+            (Some(a), Some(f)) => Some(AuthSettings {
+                tokens_file: absolute(&f.dir, &a.tokens_file),
+                open_reflection: a.open_reflection,
+            }),
+            _ => None,
+        };
+        if self.insecure_no_auth && auth.is_some() {
+            return Err(
+                "--insecure-no-auth: the config file has an `[auth]` table; remove one of the two"
+                    .to_owned(),
+            );
+        }
+        if let Listen::Tcp(addr) = &listen
+            && !addr.ip().is_loopback()
+            && auth.is_none()
+            && !self.insecure_no_auth
+        {
+            return Err(format!(
+                "refusing to listen on {addr} without authentication: anyone who can reach it \
+                 could deploy and read secrets. Add `[auth] tokens_file = \"...\"` to the \
+                 config file (docs/auth.md), listen on a loopback address or a Unix socket, or \
+                 pass --insecure-no-auth"
+            ));
+        }
+
         Ok(ServeConfig {
+            auth,
+            insecure_no_auth: self.insecure_no_auth,
             settings: engine_settings,
             listen,
             data_dir,
@@ -1395,5 +1454,57 @@ listen = "unix:run/engine.sock"
                 .unwrap()
         })
         .await;
+    }
+
+    #[test]
+    fn auth_table_and_the_secure_default() {
+        let dir = TestDir::new("config");
+        let path = write_config(
+            &dir,
+            "listen = \"0.0.0.0:0\"\n[auth]\ntokens_file = \"tokens.toml\"\nopen-reflection = true\n",
+        );
+        let config = with_config(&path).resolve().unwrap();
+        assert_eq!(
+            config.auth,
+            Some(AuthSettings {
+                tokens_file: dir.join("tokens.toml"),
+                open_reflection: true,
+            })
+        );
+        // Without `[auth]`, a non-loopback address is refused unless asked for on purpose.
+        let err = resolve_err(ServeArgs {
+            listen: Some("0.0.0.0:0".into()),
+            ..ServeArgs::default()
+        });
+        assert!(
+            err.contains("refusing to listen on 0.0.0.0:0 without authentication"),
+            "{err}"
+        );
+        assert!(err.contains("--insecure-no-auth"), "{err}");
+        let config = ServeArgs {
+            listen: Some("0.0.0.0:0".into()),
+            insecure_no_auth: true,
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert!(config.auth.is_none() && config.insecure_no_auth);
+        // Loopback and Unix sockets need neither.
+        for listen in ["127.0.0.1:0", "[::1]:0", "unix:/tmp/x.sock"] {
+            let config = ServeArgs {
+                listen: Some(listen.into()),
+                ..ServeArgs::default()
+            }
+            .resolve()
+            .unwrap();
+            assert!(config.auth.is_none());
+        }
+        let err = resolve_err(ServeArgs {
+            insecure_no_auth: true,
+            ..with_config(&path)
+        });
+        assert!(err.contains("[auth]"), "{err}");
+        let bad = write_config(&dir, "[auth]\ntokens-file = \"t\"\ntoken = \"x\"\n");
+        assert!(resolve_err(with_config(&bad)).contains("token"));
     }
 }

@@ -5,6 +5,7 @@
 //! drain timeout (or are marked interrupted), plugins are stopped, exit 0.
 
 mod api;
+pub mod auth;
 mod config;
 mod conns;
 mod decode_status;
@@ -79,6 +80,31 @@ pub fn run(args: ServeArgs) -> ExitCode {
 const RUNTIME_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn serve(config: ServeConfig) -> Result<(), String> {
+    // Who may call (docs/auth.md): the tokens file is read before anything else starts, so a
+    // mistake in it stops the engine at once.
+    let tokens = match &config.auth {
+        Some(auth) => {
+            let store = auth::TokenStore::open(auth.tokens_file.clone())?;
+            tracing::info!(tokens_file = %auth.tokens_file.display(), tokens = store.len(), "authentication on: bearer tokens");
+            // Registered now, before the engine says it listens: a SIGHUP from then on
+            // reloads, never kills.
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+                Ok(hup) => {
+                    tokio::spawn(reload_tokens_on_sighup(store.clone(), hup));
+                }
+                Err(e) => tracing::warn!(
+                    "cannot handle SIGHUP ({e}): the tokens file is read only at startup"
+                ),
+            }
+            Some(store)
+        }
+        None => {
+            if config.insecure_no_auth {
+                tracing::warn!(listen = %config.listen, "--insecure-no-auth: the engine API is served WITHOUT authentication; anyone who can reach this address can deploy, destroy and read secrets");
+            }
+            None
+        }
+    };
     let data_dir = config.data_dir.clone();
     let store = tokio::task::spawn_blocking(move || SqliteStore::open(&data_dir))
         .await
@@ -221,6 +247,11 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         .layer(conns::ActivityLayer)
         .layer(tower::util::MapResponseLayer::new(
             decode_status::fix_response,
+        ))
+        // Inside the request's span, so its decisions are logged with the request id.
+        .layer(auth::AuthLayer::new(
+            tokens,
+            config.auth.as_ref().is_some_and(|a| a.open_reflection),
         ));
     if let Some(tls) = tls {
         builder = builder
@@ -282,5 +313,21 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+/// Reads the tokens file again on each SIGHUP; a file with a mistake leaves the tokens in
+/// force (and says why).
+async fn reload_tokens_on_sighup(
+    store: Arc<auth::TokenStore>,
+    mut hup: tokio::signal::unix::Signal,
+) {
+    while hup.recv().await.is_some() {
+        match store.reload() {
+            Ok(n) => {
+                tracing::info!(tokens_file = %store.path().display(), tokens = n, "tokens reloaded")
+            }
+            Err(e) => tracing::error!("tokens not reloaded, the previous ones stay in force: {e}"),
+        }
     }
 }

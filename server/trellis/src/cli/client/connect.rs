@@ -49,18 +49,85 @@ pub(super) fn parse_engine_addr(addr: &str) -> Result<EngineAddr, String> {
     }
 }
 
-/// Connects to the engine at `addr` (any form [`parse_engine_addr`] accepts). The connection
-/// is made now, so an engine that is not there is reported here with the documented message.
-pub async fn connect(addr: &str) -> Result<EngineClient<Channel>, Failure> {
-    connect_with(addr, None).await
+/// The engine API client the commands use: every call carries the caller's token, if any.
+pub type Api = EngineClient<InterceptedService<Channel, BearerToken>>;
+
+/// Adds `authorization: Bearer TOKEN` to every call (nothing without a token). The value is
+/// marked sensitive, so HTTP/2 never indexes it in its header tables.
+#[derive(Clone, Default)]
+pub struct BearerToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl std::fmt::Debug for BearerToken {
+    /// Never the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "BearerToken(..)"
+        } else {
+            "BearerToken(none)"
+        })
+    }
+}
+
+impl BearerToken {
+    /// A token as given (surrounding whitespace removed); `None` when it is empty.
+    pub fn new(token: &str) -> Result<BearerToken, String> {
+        let token = token.trim();
+        if token.is_empty() {
+            return Ok(BearerToken(None));
+        }
+        let mut value: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|_| "the token has characters a header cannot carry".to_owned())?;
+        value.set_sensitive(true);
+        Ok(BearerToken(Some(value)))
+    }
+
+    /// The token from `--token-file FILE` when given, else from `TRELLIS_TOKEN` (a token is
+    /// never taken from the command line, where other users and shell history see it).
+    pub(super) fn from_args(token_file: Option<&std::path::Path>) -> Result<BearerToken, Failure> {
+        match token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| Failure::usage(format!("--token-file {}: {e}", path.display())))?;
+                BearerToken::new(&text)
+                    .map_err(|e| Failure::usage(format!("--token-file {}: {e}", path.display())))
+            }
+            None => BearerToken::new(&std::env::var("TRELLIS_TOKEN").unwrap_or_default())
+                .map_err(|e| Failure::usage(format!("TRELLIS_TOKEN: {e}"))),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            req.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// Connects to the engine at `addr` (any form [`parse_engine_addr`] accepts), without a
+/// token. The connection is made now, so an engine that is not there is reported here with
+/// the documented message.
+pub async fn connect(addr: &str) -> Result<Api, Failure> {
+    connect_with(addr, None, BearerToken::default()).await
+}
+
+/// [`connect`] with a token on every call.
+pub async fn connect_with_token(addr: &str, token: &str) -> Result<Api, Failure> {
+    let token = BearerToken::new(token).map_err(Failure::usage)?;
+    connect_with(addr, None, token).await
 }
 
 /// [`connect`], also trusting the CA certificates in `ca_cert` (PEM) for an `https://`
-/// engine. `ca_cert` is not used for the other kinds of address.
+/// engine (`ca_cert` is not used for the other kinds of address), with `token` on every call.
 pub(super) async fn connect_with(
     addr: &str,
     ca_cert: Option<&std::path::Path>,
-) -> Result<EngineClient<Channel>, Failure> {
+    token: BearerToken,
+) -> Result<Api, Failure> {
     let target = parse_engine_addr(addr).map_err(|m| Failure::usage(format!("--engine {m}")))?;
     let connected = match target {
         EngineAddr::Http(uri) => {
@@ -115,7 +182,7 @@ pub(super) async fn connect_with(
         }
         Failure::unreachable(addr, detail)
     })?;
-    Ok(EngineClient::new(channel)
+    Ok(EngineClient::with_interceptor(channel, token)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
@@ -138,7 +205,7 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// The connected API and the address it was reached at (for error messages).
 pub(crate) struct Client {
-    pub(crate) api: EngineClient<Channel>,
+    pub(crate) api: Api,
     pub(crate) engine: String,
 }
 

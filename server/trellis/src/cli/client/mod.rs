@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Map, Value as Json, json};
 use tonic::Code;
+use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
 use trellis_proto::engine::v1 as pb;
 use trellis_proto::engine::v1::engine_client::EngineClient;
@@ -42,8 +43,8 @@ mod connect;
 mod render;
 mod watch;
 
-pub use connect::connect;
 use connect::*;
+pub use connect::{Api, BearerToken, connect, connect_with_token};
 use render::*;
 use watch::*;
 
@@ -163,6 +164,10 @@ pub struct EngineArgs {
     /// (for a self-signed certificate or a private CA).
     #[arg(long, value_name = "FILE", env = "TRELLIS_CA_CERT")]
     pub ca_cert: Option<PathBuf>,
+    /// A file holding the token for an engine with authentication (docs/auth.md); without it
+    /// the token comes from TRELLIS_TOKEN. There is no flag taking the token itself.
+    #[arg(long, value_name = "FILE", env = "TRELLIS_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// Output format: human text, or one JSON document on stdout (shapes in docs/cli.md).
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub format: OutputFormat,
@@ -401,8 +406,9 @@ async fn dispatch(command: ClientCommand) -> Result<u8, Failure> {
         _ => None,
     };
     let ca_cert = command.engine_args().ca_cert.clone();
+    let token = BearerToken::from_args(command.engine_args().token_file.as_deref())?;
     let mut client = Client {
-        api: connect_with(&engine, ca_cert.as_deref()).await?,
+        api: connect_with(&engine, ca_cert.as_deref(), token).await?,
         engine,
     };
     match command {
