@@ -67,9 +67,6 @@ pub enum Command {
     /// no new operations, running ones stop at a safe point within --drain-timeout (or are
     /// marked interrupted), plugins stop, exit 0.
     Serve(Box<crate::serve::ServeArgs>),
-    /// Engine API tokens: `trellis token create --name N --role R --tokens-file F`
-    /// (docs/auth.md).
-    Token(crate::cli::token::TokenArgs),
     // Client commands (plan, deploy, destroy, instances, ...): their help is in cli/client/.
     #[command(flatten)]
     Client(crate::cli::client::ClientCommand),
@@ -78,10 +75,10 @@ pub enum Command {
 pub mod client;
 pub mod environment;
 mod eval;
+mod transformed;
 pub mod inputs;
 pub mod plugin_cmds;
 
-pub mod token;
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
     /// The text to evaluate, e.g. '${to_upper(variables.env)}'.
@@ -129,6 +126,11 @@ pub struct ValidateArgs {
     /// function that is not a core one is a warning (it may be a provider's).
     #[arg(long)]
     pub skip_provider_checks: bool,
+    /// Also print each blueprint as validated after its transforms (`transform:`), every
+    /// generated resource with the abstract resource it came from: YAML before the
+    /// diagnostics, or `transformed` in the JSON object.
+    #[arg(long, conflicts_with = "skip_provider_checks")]
+    pub show_transformed: bool,
     #[command(flatten)]
     pub plugins: plugin_cmds::PluginDirArgs,
     /// Refuse inputs larger than this many bytes.
@@ -177,7 +179,6 @@ pub fn main() -> ExitCode {
 }
 
 /// The result of validating files: the sources (for rendering) and what was found.
-        Command::Token(args) => token::run(&args),
 pub struct Report {
     pub sources: SourceMap,
     pub diagnostics: Diagnostics,
@@ -233,6 +234,8 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
         sources: SourceMap::new(),
         diagnostics: Diagnostics::default(),
     };
+    // `--show-transformed`: what was validated, per file that could be read.
+    let mut shown_files: Vec<transformed::Shown> = Vec::new();
     let mut inputs = Vec::with_capacity(args.paths.len());
     for path in &args.paths {
         match read_limited(path, args.max_input_size) {
@@ -289,7 +292,7 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
             let plugins = crate::check::PluginContext::load(&host, rt.handle().clone())
                 .with_configs(merged.configs());
             for (path, bytes) in inputs {
-                crate::check::validate_source(
+                let checked = crate::check::check_source(
                     &mut report.sources,
                     path,
                     bytes,
@@ -300,14 +303,36 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
                     &read_child,
                     &mut report.diagnostics,
                 );
+                if args.show_transformed
+                    && let Some(shown) = checked
+                        .as_ref()
+                        .and_then(|c| transformed::Shown::of(&report.sources, path, c))
+                {
+                    shown_files.push(shown);
+                }
             }
         }
         rt.block_on(host.shutdown());
     }
     let mut stdout = std::io::stdout().lock();
     let written = match args.format {
+        OutputFormat::Json if args.show_transformed => {
+            let mut json = report.to_json();
+            json.pop(); // the closing brace
+            let shown: Vec<_> = shown_files.iter().map(transformed::Shown::to_json).collect();
+            writeln!(
+                stdout,
+                "{json},\"transformed\":{}}}",
+                serde_json::Value::Array(shown)
+            )
+        }
         OutputFormat::Json => writeln!(stdout, "{}", report.to_json()),
         OutputFormat::Text => {
+            for shown in &shown_files {
+                if writeln!(stdout, "{}", shown.to_yaml()).is_err() {
+                    return ExitCode::from(2);
+                }
+            }
             let errors = report
                 .diagnostics
                 .items

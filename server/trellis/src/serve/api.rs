@@ -263,6 +263,10 @@ fn resource_change(r: &PlannedResource) -> api::ResourceChange {
         fields: r.fields.iter().map(field).collect(),
         reason: r.reason.clone(),
         depends_on: r.depends_on.clone(),
+        derived_from: r.derived_from.as_ref().map(|d| api::DerivedFrom {
+            resource: d.resource.clone(),
+            transform: d.transform.clone(),
+        }),
     }
 }
 
