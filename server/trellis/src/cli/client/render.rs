@@ -228,6 +228,10 @@ fn resources_json(resources: &[pb::ResourceChange]) -> Vec<Json> {
                 "fields": r.fields.iter().map(field_json).collect::<Vec<_>>(),
                 "reason": opt_str(&r.reason),
                 "dependsOn": r.depends_on,
+                "derivedFrom": r.derived_from.as_ref().map(|d| json!({
+                    "resource": d.resource,
+                    "transform": d.transform,
+                })),
             })
         })
         .collect()
@@ -609,6 +613,9 @@ fn changes_text(
             r.name,
             r.resource_type
         ));
+        if let Some(d) = &r.derived_from {
+            out.push_str(&derived_text(&d.resource, &d.transform));
+        }
         if action == A::Recreate && !r.reason.is_empty() {
             out.push_str(&format!("  must be recreated: {}", r.reason));
         }
@@ -949,6 +956,12 @@ pub(super) fn drift_text(report: &pb::DriftReport) -> String {
     out
 }
 
+/// `  from saveOrder (celerity-2023-04-20)`: after a generated resource's name and type, the
+/// abstract resource it came from and the transform.
+fn derived_text(resource: &str, transform: &str) -> String {
+    format!("  from {resource} ({transform})")
+}
+
 /// One event as a line: `resource.created  config  (local/file)`, with the status or reason
 /// when the payload has one.
 pub(super) fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> String {
@@ -960,6 +973,12 @@ pub(super) fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> 
         let ty = str_field(&payload, "type").or_else(|| types.get(resource).map(String::as_str));
         if let Some(ty) = ty {
             line.push_str(&format!("  ({ty})"));
+        }
+        if let Some(d) = payload.get("derivedFrom")
+            && let (Some(from), Some(transform)) =
+                (str_field(d, "resource"), str_field(d, "transform"))
+        {
+            line.push_str(&derived_text(from, transform));
         }
     }
     if let (Some(a), Some(b)) = (
