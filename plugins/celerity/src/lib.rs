@@ -1,6 +1,6 @@
 //! Transformer `celerity-2023-04-20`: expands abstract `celerity/*`
 //! resources into concrete `aws/*` resources and the labels and annotations
-//! that make the AWS provider's links wire them (docs/celerity.md).
+//! that make the AWS provider's links wire them (docs/celerity/README.md).
 //!
 //! A blueprint opts in with `transform: celerity-2023-04-20`. The transform
 //! runs in three passes over the document:

@@ -1,7 +1,7 @@
 //! The transformer's view of a blueprint: the abstract resources it reads
 //! ([`Input`]) and the concrete document it writes ([`Out`]).
 //!
-//! Conventions every type module follows (docs/celerity.md):
+//! Conventions every type module follows (docs/celerity/README.md):
 //! - The primary concrete resource of an abstract resource keeps its name
 //!   (handler `saveOrder` becomes `aws/lambda/function` `saveOrder`), so
 //!   references, `dependsOn` and plan lines still name what the user wrote.
