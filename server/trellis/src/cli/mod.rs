@@ -67,6 +67,9 @@ pub enum Command {
     /// no new operations, running ones stop at a safe point within --drain-timeout (or are
     /// marked interrupted), plugins stop, exit 0.
     Serve(Box<crate::serve::ServeArgs>),
+    /// Engine API tokens: `trellis token create --name N --role R --tokens-file F`
+    /// (docs/auth.md).
+    Token(crate::cli::token::TokenArgs),
     // Client commands (plan, deploy, destroy, instances, ...): their help is in cli/client/.
     #[command(flatten)]
     Client(crate::cli::client::ClientCommand),
@@ -78,6 +81,7 @@ mod eval;
 mod transformed;
 pub mod inputs;
 pub mod plugin_cmds;
+pub mod token;
 
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
@@ -173,6 +177,7 @@ pub fn main() -> ExitCode {
         Command::Eval(args) => crate::cli::eval::run(&args),
         Command::Explain(args) => run_explain(&args),
         Command::Plugins(args) => plugin_cmds::run(&args),
+        Command::Token(args) => token::run(&args),
         Command::Serve(args) => crate::serve::run(*args),
         Command::Client(command) => crate::cli::client::run(command),
     }

@@ -679,12 +679,12 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::CreateChangeSetRequest>,
     ) -> Result<Response<api::ChangeSet>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
+        caller.check(&r.instance, Role::Planner, "CreateChangeSet")?;
         let (vars, env) = variables(r.variables, r.environment)?;
         let (mut src, received) = source(r.source)?;
         if !received.is_empty() {
-        let caller = Caller::of(&req)?;
-        caller.check(&r.instance, Role::Planner, "CreateChangeSet")?;
             let kept = self.engine.keep_assets(received).await.map_err(status)?;
             if let Source::Inline { assets, .. } = &mut src {
                 *assets = kept;
@@ -717,17 +717,17 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::GetChangeSetRequest>,
     ) -> Result<Response<api::ChangeSet>, Status> {
+        let caller = Caller::of(&req)?;
         let v = self
             .engine
             .get_change_set(&req.into_inner().change_set_id)
             .await
-        let caller = Caller::of(&req)?;
             .map_err(status)?;
+        caller.check(&v.instance_name, Role::Viewer, "GetChangeSet")?;
         Ok(Response::new(change_set(&v)))
     }
 
     async fn list_change_sets(
-        caller.check(&v.instance_name, Role::Viewer, "GetChangeSet")?;
         &self,
         req: Request<api::ListChangeSetsRequest>,
     ) -> Result<Response<api::ListChangeSetsResponse>, Status> {
@@ -754,24 +754,24 @@ impl api::engine_server::Engine for EngineApi {
                 .map_err(status)?;
             caller.check(&planned.instance_name, Role::Deployer, "ExecuteChangeSet")?;
         }
-            .map_err(status)?;
-        self.encode_operation(op).await
-    }
-
         let op = self
             .engine
             .execute(&r.request_id, &r.change_set_id, r.rollback_on_failure)
             .await
+            .map_err(status)?;
+        self.encode_operation(op).await
+    }
+
     async fn destroy(
         &self,
         req: Request<api::DestroyRequest>,
     ) -> Result<Response<api::Operation>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
+        caller.check(&r.instance, Role::Deployer, "Destroy")?;
         let op = self
             .engine
             .destroy(&r.request_id, &r.instance)
-        let caller = Caller::of(&req)?;
-        caller.check(&r.instance, Role::Deployer, "Destroy")?;
             .await
             .map_err(status)?;
         self.encode_operation(op).await
@@ -781,12 +781,12 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::GetInstanceRequest>,
     ) -> Result<Response<api::Instance>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
+        check_read(&caller, &r.instance, r.reveal_secrets, "GetInstance")?;
         let s = self
             .engine
             .get_instance(&r.instance)
-        let caller = Caller::of(&req)?;
-        check_read(&caller, &r.instance, r.reveal_secrets, "GetInstance")?;
             .await
             .map_err(status)?;
         Ok(Response::new(instance(&s, r.reveal_secrets)))
@@ -796,13 +796,13 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::ListInstancesRequest>,
     ) -> Result<Response<api::ListInstancesResponse>, Status> {
+        let caller = Caller::of(&req)?;
         let list = self.engine.list_instances().await.map_err(status)?;
+        // A token limited to some instances sees only those.
         Ok(Response::new(api::ListInstancesResponse {
             instances: list
                 .iter()
-        let caller = Caller::of(&req)?;
                 .filter(|i| caller.may_see(&i.name))
-        // A token limited to some instances sees only those.
                 .map(instance_summary)
                 .collect(),
         }))
@@ -812,12 +812,12 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::GetExportsRequest>,
     ) -> Result<Response<api::GetExportsResponse>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
+        check_read(&caller, &r.instance, r.reveal_secrets, "GetExports")?;
         let s = self
             .engine
             .get_instance(&r.instance)
-        let caller = Caller::of(&req)?;
-        check_read(&caller, &r.instance, r.reveal_secrets, "GetExports")?;
             .await
             .map_err(status)?;
         Ok(Response::new(api::GetExportsResponse {
@@ -833,27 +833,27 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::GetOperationRequest>,
     ) -> Result<Response<api::Operation>, Status> {
+        let caller = Caller::of(&req)?;
         let op = self
             .engine
             .get_operation(&req.into_inner().operation_id)
             .await
-        let caller = Caller::of(&req)?;
             .map_err(status)?;
+        self.check_operation(&caller, &op, Role::Viewer, "GetOperation")
+            .await?;
         self.encode_operation(op).await
     }
 
     async fn list_operations(
-        self.check_operation(&caller, &op, Role::Viewer, "GetOperation")
-            .await?;
         &self,
         req: Request<api::ListOperationsRequest>,
     ) -> Result<Response<api::ListOperationsResponse>, Status> {
+        let caller = Caller::of(&req)?;
         let name = req.into_inner().instance;
+        caller.check(&name, Role::Viewer, "ListOperations")?;
         let ops = self.engine.list_operations(&name).await.map_err(status)?;
         Ok(Response::new(api::ListOperationsResponse {
             operations: ops.iter().map(|o| operation(o, &name, 0)).collect(),
-        let caller = Caller::of(&req)?;
-        caller.check(&name, Role::Viewer, "ListOperations")?;
         }))
     }
 
@@ -861,11 +861,11 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::WatchOperationRequest>,
     ) -> Result<Response<WatchStream>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
         let op = self
             .engine
             .get_operation(&r.operation_id)
-        let caller = Caller::of(&req)?;
             .await
             .map_err(status)?;
         let store = self.engine.store().clone();
@@ -873,11 +873,11 @@ impl api::engine_server::Engine for EngineApi {
             .get_instance(&op.instance_id)
             .await
             .map_err(state_status)?;
+        caller.check(&inst.name, Role::Viewer, "WatchOperation")?;
         // Without a position, start where retention left off (an operation's events are all
         // after that unless retention already removed them).
         let after = r.after_seq.max(inst.pruned_through);
         Ok(Response::new(watch(
-        caller.check(&inst.name, Role::Viewer, "WatchOperation")?;
             self.engine.clone(),
             op.instance_id,
             after,
@@ -890,12 +890,12 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::WatchInstanceRequest>,
     ) -> Result<Response<WatchStream>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
+        caller.check(&r.instance, Role::Viewer, "WatchInstance")?;
         let id = self.engine.instance_id(&r.instance).await.map_err(status)?;
         Ok(Response::new(watch(
             self.engine.clone(),
-        let caller = Caller::of(&req)?;
-        caller.check(&r.instance, Role::Viewer, "WatchInstance")?;
             id,
             r.after_seq,
             Watch::Instance { follow: r.follow },
@@ -934,12 +934,12 @@ impl api::engine_server::Engine for EngineApi {
         &self,
         req: Request<api::ReconcileRequest>,
     ) -> Result<Response<api::Operation>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
+        caller.check(&r.instance, Role::Deployer, "Reconcile")?;
         let accept = match api::ReconcileMode::try_from(r.mode) {
             Ok(api::ReconcileMode::AcceptExternal) => true,
             Ok(api::ReconcileMode::Reapply) => false,
-        let caller = Caller::of(&req)?;
-        caller.check(&r.instance, Role::Deployer, "Reconcile")?;
             _ => {
                 return Err(Status::invalid_argument(
                     "mode must be RECONCILE_MODE_ACCEPT_EXTERNAL or RECONCILE_MODE_REAPPLY",
@@ -989,14 +989,14 @@ impl EngineApi {
         caller.check(&name, need, what)
     }
 
-        let name = self
-            .engine
-            .instance_name(&op.instance_id)
-            .await
     async fn encode_operation(
         &self,
         op: state::Operation,
     ) -> Result<Response<api::Operation>, Status> {
+        let name = self
+            .engine
+            .instance_name(&op.instance_id)
+            .await
             .map_err(status)?;
         Ok(Response::new(operation(&op, &name, 0)))
     }

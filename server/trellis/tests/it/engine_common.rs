@@ -209,6 +209,11 @@ impl Engine {
         PathBuf::from(format!("/proc/{}/root", self.child.id())).join(inside)
     }
 
+    /// The engine's process id (to signal it).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn port(&self) -> &str {
         self.addr.rsplit(':').next().unwrap()
     }

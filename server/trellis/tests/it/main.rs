@@ -9,6 +9,7 @@ mod plugins_common;
 mod aws_moto;
 
 mod assets_e2e;
+mod auth_e2e;
 mod aws_e2e;
 mod aws_types_e2e;
 mod blueprint_features_e2e;

@@ -111,8 +111,10 @@ impl tonic::service::Interceptor for BearerToken {
 /// Connects to the engine at `addr` (any form [`parse_engine_addr`] accepts), without a
 /// token. The connection is made now, so an engine that is not there is reported here with
 /// the documented message.
-pub async fn connect(addr: &str) -> Result<Api, Failure> {
-    connect_with(addr, None, BearerToken::default()).await
+pub async fn connect(addr: &str) -> Result<EngineClient<Channel>, Failure> {
+    Ok(EngineClient::new(channel(addr, None).await?)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 
 /// [`connect`] with a token on every call.
@@ -128,6 +130,15 @@ pub(super) async fn connect_with(
     ca_cert: Option<&std::path::Path>,
     token: BearerToken,
 ) -> Result<Api, Failure> {
+    Ok(
+        EngineClient::with_interceptor(channel(addr, ca_cert).await?, token)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
+}
+
+/// The connection [`connect`] and [`connect_with`] make.
+async fn channel(addr: &str, ca_cert: Option<&std::path::Path>) -> Result<Channel, Failure> {
     let target = parse_engine_addr(addr).map_err(|m| Failure::usage(format!("--engine {m}")))?;
     let connected = match target {
         EngineAddr::Http(uri) => {
@@ -182,9 +193,7 @@ pub(super) async fn connect_with(
         }
         Failure::unreachable(addr, detail)
     })?;
-    Ok(EngineClient::with_interceptor(channel, token)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    Ok(channel)
 }
 
 /// An error and its causes, `a: b: c` (tonic's transport errors say little at the top).

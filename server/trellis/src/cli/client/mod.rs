@@ -268,7 +268,7 @@ pub struct InstanceArgs {
     #[arg(value_name = "NAME")]
     pub name: String,
     /// Print secrets (exports, specs and states derived from a secret) in clear instead of
-    /// `(sensitive)`. Once the engine has authentication this will need its own permission.
+    /// `(sensitive)`. On an engine with authentication this needs the admin role.
     #[arg(long)]
     pub reveal_secrets: bool,
     #[command(flatten)]

@@ -870,7 +870,9 @@ async fn watch_resumes_after_a_broken_stream() {
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let mut client = Client {
-        api: connect(&addr).await.unwrap(),
+        api: connect_with(&addr, None, BearerToken::default())
+            .await
+            .unwrap(),
         engine: addr,
     };
     let mut seen = Collect::default();
