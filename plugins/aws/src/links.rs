@@ -5,6 +5,8 @@
 //!   and with `aws.lambda.function.populateEnvVars: true` one environment variable naming it.
 //! - `aws/sqs/queue` → function: an event source mapping (the queue triggers the function)
 //!   and the receive permissions it needs on the function's role.
+//! - `aws/dynamodb/table` → function: the same for the table's stream (read permissions on
+//!   the stream).
 //! - `aws/sns/topic` → queue or function: a subscription, plus the queue policy statement or
 //!   the invoke permission it needs.
 //! - `aws/apigatewayv2/api` → function: an integration, a route and the invoke permission.
@@ -21,6 +23,8 @@ use serde_json::json;
 use trellis_plugin_sdk::prelude::*;
 use trellis_plugin_sdk::proto::LinkUpdateType;
 
+use aws_sdk_lambda::types::{EventSourcePosition, FunctionResponseType};
+
 use crate::config::{ClientCache, Clients};
 use crate::error::sdk;
 
@@ -30,6 +34,11 @@ pub const ENV_VAR_NAME: &str = "aws.lambda.function.envVarName";
 pub const ROUTE: &str = "aws.apigatewayv2.route";
 pub const BUCKET_EVENTS: &str = "aws.s3.bucket.events";
 pub const BATCH_SIZE: &str = "aws.sqs.queue.batchSize";
+pub const PARTIAL_FAILURES: &str = "aws.sqs.queue.reportBatchItemFailures";
+pub const STREAM_BATCH_SIZE: &str = "aws.dynamodb.table.batchSize";
+pub const STREAM_PARTIAL_FAILURES: &str = "aws.dynamodb.table.reportBatchItemFailures";
+pub const STREAM_STARTING_POSITION: &str = "aws.dynamodb.table.startingPosition";
+pub const RULE_INPUT: &str = "aws.events.rule.input";
 
 /// Serialises read-modify-write updates of one AWS object (a function's environment, a
 /// queue's policy, a bucket's notifications) made by several links at once.
@@ -64,9 +73,12 @@ pub fn all(shared: &Shared) -> Vec<Box<dyn Link>> {
             access,
         }));
     }
-    out.push(Box::new(QueueTriggers {
-        shared: shared.clone(),
-    }));
+    for source in [Poll::Queue, Poll::TableStream] {
+        out.push(Box::new(Triggers {
+            shared: shared.clone(),
+            source,
+        }));
+    }
     out.push(Box::new(TopicToQueue {
         shared: shared.clone(),
     }));
@@ -503,10 +515,77 @@ impl Link for FunctionAccess {
     }
 }
 
-// ---- queue → function: event source mapping ------------------------------------------------
+// ---- queue or table stream → function: event source mapping ------------------------------
 
-struct QueueTriggers {
+/// The sources Lambda polls for a function.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Poll {
+    Queue,
+    TableStream,
+}
+
+impl Poll {
+    fn a_type(self) -> &'static str {
+        match self {
+            Poll::Queue => "aws/sqs/queue",
+            Poll::TableStream => "aws/dynamodb/table",
+        }
+    }
+
+    fn batch_key(self) -> &'static str {
+        match self {
+            Poll::Queue => BATCH_SIZE,
+            Poll::TableStream => STREAM_BATCH_SIZE,
+        }
+    }
+
+    fn partial_key(self) -> &'static str {
+        match self {
+            Poll::Queue => PARTIAL_FAILURES,
+            Poll::TableStream => STREAM_PARTIAL_FAILURES,
+        }
+    }
+
+    /// The ARN Lambda reads from: the queue's, or the table's stream.
+    fn source_arn(self, a: &ResourceState) -> Result<&str> {
+        match self {
+            Poll::Queue => need(a, "arn"),
+            Poll::TableStream => field(a, "streamArn").ok_or_else(|| {
+                PluginError::bad_input(format!(
+                    "table `{}` has no stream to trigger functions: set its `streamSpecification`",
+                    a.name
+                ))
+            }),
+        }
+    }
+
+    /// What the function's role may do to read the source.
+    fn statements(self, a: &ResourceState, source: &str) -> Result<serde_json::Value> {
+        Ok(match self {
+            Poll::Queue => json!([{"Effect": "Allow",
+                "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:ChangeMessageVisibility"],
+                "Resource": [source]}]),
+            Poll::TableStream => json!([
+                {"Effect": "Allow",
+                 "Action": ["dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"],
+                 "Resource": [source]},
+                {"Effect": "Allow",
+                 "Action": ["dynamodb:ListStreams"],
+                 "Resource": [format!("{}/stream/*", need(a, "arn")?)]}]),
+        })
+    }
+}
+
+/// An annotation that is `true` (a boolean, or the text `true`).
+fn annotation_flag(annotations: &Value, key: &str) -> bool {
+    annotations
+        .get(key)
+        .is_some_and(|v| v.as_bool() == Some(true) || v.as_str() == Some("true"))
+}
+
+struct Triggers {
     shared: Shared,
+    source: Poll,
 }
 
 async fn find_mapping(c: &Clients, function: &str, source: &str) -> Result<Option<String>> {
@@ -525,10 +604,22 @@ async fn find_mapping(c: &Clients, function: &str, source: &str) -> Result<Optio
         .find_map(|m| m.uuid))
 }
 
+fn mapping_state(link: &LinkRequest, uuid: &str, function: &str, source: &str) -> ResourceState {
+    ResourceState {
+        resource_type: "aws/lambda/eventSourceMapping".to_owned(),
+        name: format!("{}->{}", link.resource_a.name, link.resource_b.name),
+        external_id: uuid.to_owned(),
+        spec: Value::map()
+            .with("functionName", function)
+            .with("eventSourceArn", source),
+        state: Value::map().with("uuid", uuid),
+    }
+}
+
 #[async_trait]
-impl Link for QueueTriggers {
+impl Link for Triggers {
     fn resource_type_a(&self) -> &str {
-        "aws/sqs/queue"
+        self.source.a_type()
     }
 
     fn resource_type_b(&self) -> &str {
@@ -536,14 +627,54 @@ impl Link for QueueTriggers {
     }
 
     fn description(&self) -> &str {
-        "The queue triggers the function: an event source mapping, and receive permissions on the function's role."
+        match self.source {
+            Poll::Queue => {
+                "The queue triggers the function: an event source mapping, and receive permissions on the function's role."
+            }
+            Poll::TableStream => {
+                "The table's stream triggers the function: an event source mapping, and stream read permissions on the function's role. The table needs a `streamSpecification`."
+            }
+        }
     }
 
     fn annotations(&self) -> Vec<Annotation> {
-        vec![
-            Annotation::new(BATCH_SIZE, "aws/sqs/queue", SchemaType::Integer)
-                .describe("Messages per invocation (1 to 10000; default 10)"),
-        ]
+        let a = self.source.a_type();
+        match self.source {
+            Poll::Queue => vec![
+                Annotation::new(BATCH_SIZE, a, SchemaType::Integer)
+                    .describe("Messages per invocation (1 to 10000; default 10)"),
+                Annotation::new(PARTIAL_FAILURES, a, SchemaType::Boolean)
+                    .describe("The function reports the failed messages of a batch (`ReportBatchItemFailures`), so only those are retried"),
+            ],
+            Poll::TableStream => vec![
+                Annotation::new(STREAM_BATCH_SIZE, a, SchemaType::Integer)
+                    .describe("Records per invocation (1 to 10000; default 100)"),
+                Annotation::new(STREAM_PARTIAL_FAILURES, a, SchemaType::Boolean)
+                    .describe("The function reports the failed records of a batch (`ReportBatchItemFailures`), so only those are retried"),
+                Annotation::new(STREAM_STARTING_POSITION, a, SchemaType::String)
+                    .default("LATEST")
+                    .describe("Where a new mapping starts reading: `LATEST` or `TRIM_HORIZON` (the oldest record kept)"),
+            ],
+        }
+    }
+
+    async fn stage(&self, _ctx: &Context, link: &LinkRequest) -> Result<StagedLink> {
+        let mut staged = StagedLink::default();
+        if self.source == Poll::TableStream
+            && let Some(p) = link.annotations_a.get(STREAM_STARTING_POSITION)
+            && !matches!(p.as_str(), Some("LATEST" | "TRIM_HORIZON"))
+        {
+            staged.diagnostics.push(
+                Diagnostic::error(
+                    "aws.dynamodb.invalid-starting-position",
+                    format!(
+                        "`{STREAM_STARTING_POSITION}` is {p:?}; it is `LATEST` or `TRIM_HORIZON`"
+                    ),
+                )
+                .hint("`TRIM_HORIZON` reads the stream from its oldest record"),
+            );
+        }
+        Ok(staged)
     }
 
     async fn update_intermediaries(
@@ -552,14 +683,16 @@ impl Link for QueueTriggers {
         link: &LinkRequest,
     ) -> Result<IntermediariesUpdate> {
         let c = self.shared.clients.get(ctx).await?;
-        let queue = need(&link.resource_a, "arn")?;
         let function = need(&link.resource_b, "arn")?;
         let role = role_name(need(&link.resource_b, "roleArn")?)
             .unwrap_or_default()
             .to_owned();
         let policy = policy_name("trigger", &link.resource_a.name);
         if is_destroy(link) {
-            if let Some(uuid) = find_mapping(&c, function, queue).await? {
+            // A stream turned off has no ARN left: its mapping went with it.
+            if let Ok(source) = self.source.source_arn(&link.resource_a)
+                && let Some(uuid) = find_mapping(&c, function, source).await?
+            {
                 match c
                     .lambda
                     .delete_event_source_mapping()
@@ -582,57 +715,69 @@ impl Link for QueueTriggers {
                 intermediaries: Vec::new(),
             });
         }
+        let source = self.source.source_arn(&link.resource_a)?;
         put_role_policy(
             &c,
             &role,
             &policy,
-            json!([{"Effect": "Allow",
-                    "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:ChangeMessageVisibility"],
-                    "Resource": [queue]}]),
+            self.source.statements(&link.resource_a, source)?,
         )
         .await?;
-        let batch = link.annotations_a.get(BATCH_SIZE).and_then(Value::as_i64);
+        let batch = link
+            .annotations_a
+            .get(self.source.batch_key())
+            .and_then(Value::as_i64);
         let batch = batch.map(|b| i32::try_from(b).unwrap_or(i32::MAX));
-        let uuid = match find_mapping(&c, function, queue).await? {
+        let response_types = if annotation_flag(&link.annotations_a, self.source.partial_key()) {
+            vec![FunctionResponseType::ReportBatchItemFailures]
+        } else {
+            Vec::new()
+        };
+        let uuid = match find_mapping(&c, function, source).await? {
             Some(uuid) => {
-                if let Some(b) = batch {
-                    c.lambda
-                        .update_event_source_mapping()
-                        .uuid(&uuid)
-                        .batch_size(b)
-                        .send()
-                        .await
-                        .map_err(|e| sdk(format!("updating event source mapping {uuid}"), e))?;
-                }
+                c.lambda
+                    .update_event_source_mapping()
+                    .uuid(&uuid)
+                    .set_batch_size(batch)
+                    .set_function_response_types(Some(response_types))
+                    .send()
+                    .await
+                    .map_err(|e| sdk(format!("updating event source mapping {uuid}"), e))?;
                 uuid
             }
-            None => c
-                .lambda
-                .create_event_source_mapping()
-                .function_name(function)
-                .event_source_arn(queue)
-                .set_batch_size(batch)
-                .send()
-                .await
-                .map_err(|e| sdk(format!("mapping queue {queue} to {function}"), e))?
-                .uuid
-                .ok_or_else(|| {
-                    PluginError::internal("CreateEventSourceMapping returned no UUID")
-                })?,
+            None => {
+                let start = match self.source {
+                    Poll::Queue => None,
+                    Poll::TableStream => Some(EventSourcePosition::from(
+                        link.annotations_a
+                            .get(STREAM_STARTING_POSITION)
+                            .and_then(Value::as_str)
+                            .unwrap_or("LATEST"),
+                    )),
+                };
+                c.lambda
+                    .create_event_source_mapping()
+                    .function_name(function)
+                    .event_source_arn(source)
+                    .set_batch_size(batch)
+                    .set_starting_position(start)
+                    .set_function_response_types(
+                        (!response_types.is_empty()).then_some(response_types),
+                    )
+                    .send()
+                    .await
+                    .map_err(|e| sdk(format!("mapping {source} to {function}"), e))?
+                    .uuid
+                    .ok_or_else(|| {
+                        PluginError::internal("CreateEventSourceMapping returned no UUID")
+                    })?
+            }
         };
         Ok(IntermediariesUpdate {
             link_data: Value::map()
                 .with("mapping", uuid.as_str())
                 .with("policy", policy.as_str()),
-            intermediaries: vec![ResourceState {
-                resource_type: "aws/lambda/eventSourceMapping".to_owned(),
-                name: format!("{}->{}", link.resource_a.name, link.resource_b.name),
-                external_id: uuid.clone(),
-                spec: Value::map()
-                    .with("functionName", function)
-                    .with("eventSourceArn", queue),
-                state: Value::map().with("uuid", uuid.as_str()),
-            }],
+            intermediaries: vec![mapping_state(link, &uuid, function, source)],
         })
     }
 
@@ -642,19 +787,13 @@ impl Link for QueueTriggers {
         link: &LinkRequest,
     ) -> Result<Vec<ResourceState>> {
         let c = self.shared.clients.get(ctx).await?;
-        let queue = need(&link.resource_a, "arn")?;
+        let Ok(source) = self.source.source_arn(&link.resource_a) else {
+            return Ok(Vec::new());
+        };
         let function = need(&link.resource_b, "arn")?;
-        Ok(find_mapping(&c, function, queue)
+        Ok(find_mapping(&c, function, source)
             .await?
-            .map(|uuid| ResourceState {
-                resource_type: "aws/lambda/eventSourceMapping".to_owned(),
-                name: format!("{}->{}", link.resource_a.name, link.resource_b.name),
-                external_id: uuid.clone(),
-                spec: Value::map()
-                    .with("functionName", function)
-                    .with("eventSourceArn", queue),
-                state: Value::map().with("uuid", uuid.as_str()),
-            })
+            .map(|uuid| mapping_state(link, &uuid, function, source))
             .into_iter()
             .collect())
     }
@@ -1124,9 +1263,15 @@ impl Invokes {
             )?;
             return Ok((Value::map().with("targetId", Value::Null), Vec::new()));
         }
+        let input = link
+            .annotations_a
+            .get(RULE_INPUT)
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         let target = aws_sdk_eventbridge::types::Target::builder()
             .id(&id)
             .arn(function)
+            .set_input(input)
             .build()
             .map_err(|e| PluginError::internal(format!("building target: {e}")))?;
         let out = c
@@ -1257,12 +1402,28 @@ impl Link for Invokes {
             Invoker::Bucket => vec![Annotation::new(BUCKET_EVENTS, "aws/s3/bucket", SchemaType::String)
                 .default("s3:ObjectCreated:*")
                 .describe("Comma-separated S3 event types that invoke linked functions")],
-            _ => Vec::new(),
+            Invoker::Rule => vec![Annotation::new(RULE_INPUT, "aws/events/rule", SchemaType::String)
+                .describe("A JSON text the target receives as its event, instead of the matched event")],
+            Invoker::Topic => Vec::new(),
         }
     }
 
     async fn stage(&self, _ctx: &Context, link: &LinkRequest) -> Result<StagedLink> {
         let mut staged = StagedLink::default();
+        if self.source == Invoker::Rule
+            && let Some(input) = link.annotations_a.get(RULE_INPUT)
+            && input
+                .as_str()
+                .is_none_or(|t| serde_json::from_str::<serde_json::Value>(t).is_err())
+        {
+            staged.diagnostics.push(
+                Diagnostic::error(
+                    "aws.events.invalid-input",
+                    format!("`{RULE_INPUT}` is not a JSON text"),
+                )
+                .hint(r#"a JSON value written as text, like {"task": "cleanup"}"#),
+            );
+        }
         if self.source == Invoker::Api {
             let route = route_of(link);
             if !valid_route(&route) {
@@ -1361,6 +1522,51 @@ mod tests {
             rule_parts("arn:aws:events:us-east-1:1:rule/bus/nightly"),
             Some(("bus".to_owned(), "nightly".to_owned()))
         );
+    }
+
+    #[test]
+    fn poll_sources_read_what_their_link_needs() {
+        let table = |state: Value| ResourceState {
+            resource_type: "aws/dynamodb/table".to_owned(),
+            name: "orders".to_owned(),
+            external_id: "orders".to_owned(),
+            spec: Value::map(),
+            state,
+        };
+        let arn = "arn:aws:dynamodb:us-east-1:1:table/orders";
+        let stream = "arn:aws:dynamodb:us-east-1:1:table/orders/stream/2026-01-01T00:00:00.000";
+        let with_stream = table(Value::map().with("arn", arn).with("streamArn", stream));
+        assert_eq!(
+            Poll::TableStream.source_arn(&with_stream).ok(),
+            Some(stream)
+        );
+        let without = table(Value::map().with("arn", arn));
+        let e = Poll::TableStream
+            .source_arn(&without)
+            .expect_err("no stream");
+        assert_eq!(e.class, ErrorClass::BadInput, "{e:?}");
+        let statements = Poll::TableStream
+            .statements(&with_stream, stream)
+            .expect("statements");
+        assert_eq!(statements[0]["Resource"], json!([stream]));
+        assert_eq!(statements[0]["Action"][1], "dynamodb:GetRecords");
+        assert_eq!(
+            statements[1]["Resource"],
+            json!([format!("{arn}/stream/*")])
+        );
+        assert!(annotation_flag(
+            &Value::map().with(PARTIAL_FAILURES, true),
+            PARTIAL_FAILURES
+        ));
+        assert!(annotation_flag(
+            &Value::map().with(PARTIAL_FAILURES, "true"),
+            PARTIAL_FAILURES
+        ));
+        assert!(!annotation_flag(
+            &Value::map().with(PARTIAL_FAILURES, false),
+            PARTIAL_FAILURES
+        ));
+        assert!(!annotation_flag(&Value::map(), PARTIAL_FAILURES));
     }
 
     #[test]
