@@ -66,6 +66,9 @@ VARIABLES = {
     "orderEventsTopicId": ("string", "arn:aws:sns:us-east-1:123456789012:order-events"),
 }
 
+# What a handler needs to deploy: the spec of the handlers wrappers add.
+HANDLER_SPEC = "handler: handlers.main\ncodeLocation: ./handlers\nruntime: python3.13.x\n"
+
 # A guard map every auth fragment can name: `jwt` as the documentation's examples define it,
 # and `rbac` (named by the guard-chain examples) as a custom guard.
 GUARDS = """\
@@ -172,18 +175,22 @@ WRAPS = {
     },
     ("handler", 0): {
         "why": "a handler's `environmentVariables` field (spec.environmentVariables), with the "
-        "required `handler` field",
+        "fields a deployable handler needs (`handler`, `codeLocation`, `runtime`)",
         "type": "celerity/handler",
-        "spec": "handler: handlers.main\n{fragment}",
+        "spec": HANDLER_SPEC + "{fragment}",
     },
     ("handler-config", 0): {
-        "why": "a handlerConfig's `environmentVariables` field (spec.environmentVariables)",
+        "why": "a handlerConfig's `environmentVariables` field (spec.environmentVariables), "
+        "the config selecting one handler by label (a config alone deploys nothing)",
         "type": "celerity/handlerConfig",
+        "selects_handler": True,
         "spec": "{fragment}",
     },
     ("schedule", 0): {
-        "why": "a schedule's `input` field (spec.input), with the required `schedule` field",
+        "why": "a schedule's `input` field (spec.input), with the required `schedule` field, "
+        "the schedule selecting the handler it triggers by label",
         "type": "celerity/schedule",
+        "selects_handler": True,
         "spec": "schedule: \"rate(1 hour)\"\n{fragment}",
     },
     ("datastore", 2): {
@@ -215,7 +222,7 @@ def elided_resources(s):
     indented by the document's step `s`."""
     return (
         f"{' ' * s}exampleHandler:\n{' ' * 2 * s}type: \"celerity/handler\"\n"
-        f"{' ' * 2 * s}spec:\n{' ' * 3 * s}handler: handlers.main\n"
+        f"{' ' * 2 * s}spec:\n" + indent(HANDLER_SPEC, 3 * s)
     )
 
 
@@ -314,7 +321,9 @@ def declare(text, names):
 
 
 def versioned(text):
-    """The document with this engine's version and transform."""
+    """The document with this engine's version and transform, and `type: number` variables as
+    `float` (the 2023-04-20 specification's variable types are string, integer, float and
+    boolean; `number` is the later specification's)."""
     lines = text.splitlines(True)
     out, skipping = [], False
     have_version = have_transform = False
@@ -331,6 +340,8 @@ def versioned(text):
             out.append(f"transform: {TRANSFORM}\n")
             have_transform = True
             skipping = re.match(r"^transform:\s*$", line) is not None
+        elif re.match(r"^[ \t]+type:[ \t]*number[ \t]*$", line) and in_variables(out):
+            out.append(line.replace("number", "float"))
         else:
             out.append(line)
     head = []
@@ -341,14 +352,29 @@ def versioned(text):
     return "".join(head + out)
 
 
+def in_variables(lines):
+    """Whether the next line is inside the top-level `variables` section."""
+    for line in reversed(lines):
+        if re.match(r"^\S", line) and not line.startswith("#"):
+            return line.startswith("variables:")
+    return False
+
+
 def wrapped(kind, fragment, wrap):
     """A fragment inside the smallest blueprint that gives it its place."""
     spec = fill(wrap["spec"], fragment)
     name = {"api": "exampleApi", "handler": "exampleHandler",
             "handler-config": "exampleHandlerConfig", "schedule": "exampleSchedule"}[kind]
-    return (
-        f"resources:\n  {name}:\n    type: \"{wrap['type']}\"\n    spec:\n" + indent(spec, 6)
-    )
+    out = f"resources:\n  {name}:\n    type: \"{wrap['type']}\"\n"
+    if wrap.get("selects_handler"):
+        out += "    linkSelector:\n      byLabel:\n        app: example\n"
+    out += "    spec:\n" + indent(spec, 6)
+    if wrap.get("selects_handler"):
+        out += (
+            "  exampleHandler:\n    type: \"celerity/handler\"\n    metadata:\n"
+            "      labels:\n        app: example\n    spec:\n" + indent(HANDLER_SPEC, 6)
+        )
+    return out
 
 
 def header(source, index, line, why):
