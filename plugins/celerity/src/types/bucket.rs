@@ -183,7 +183,7 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
         if spec.get(field).is_some_and(|v| !v.is_null()) {
             out.warning(
                 "bucket.not-supported",
-                format!("{what} of bucket `{}` is not supported on AWS yet; the bucket is deployed without it", r.name),
+                format!("`{field}` ({what}) of bucket `{}` is not supported on AWS yet; the bucket is deployed without it", r.name),
                 r.spec_at(field),
             )
             .hint = Some("the aws/s3/bucket resource type has no field for it yet".into());
@@ -219,4 +219,45 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
     let at = |f: &str| format!("resources.{}.spec.{f}", r.name);
     out.alias(r, "name", at("bucketName"));
     out.alias(r, "id", at("arn"));
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::diagnostic_lines;
+    use crate::transform_doc;
+    use serde_json::json;
+
+    #[test]
+    fn bucket_encryption_versioning_and_what_is_not_backed() {
+        let out = transform_doc(json!({
+            "version": "2023-04-20",
+            "transform": "celerity-2023-04-20",
+            "resources": {
+                "uploads": {
+                    "type": "celerity/bucket",
+                    "metadata": {"labels": {"app": "files"}},
+                    "linkSelector": {"byLabel": {"notify": "uploads"}},
+                    "spec": {
+                        "name": "uploads",
+                        "encryption": {"encryptionKeyId": "alias/uploads"},
+                        "versioning": {"status": "Enabled"},
+                        "cors": {"corsRules": [{"allowedOrigins": ["*"], "allowedMethods": ["GET"]}]},
+                        "lifecycle": {"rules": [{"id": "old", "enabled": true, "expirationInDays": 30}]},
+                        "website": {"mainPageDocument": "index.html"}
+                    }
+                },
+                "plain": {"type": "celerity/bucket", "spec": {"encryption": {}}},
+                "bad": {"type": "celerity/bucket",
+                        "spec": {"encryption": {"encryptionKeyId": "k", "encryptionAlgorithm": "AES256"},
+                                 "versioning": {"status": "On"}}},
+                "inbox": {"type": "celerity/queue", "metadata": {"labels": {"notify": "uploads"}}, "spec": {}},
+                "reader": {
+                    "type": "aws/lambda/function",
+                    "spec": {"codeUri": "./r", "description": "${resources.uploads.spec.name} ${resources.uploads.spec.id}"}
+                }
+            }
+        }));
+        insta::assert_json_snapshot!("bucket", out.blueprint["resources"]);
+        insta::assert_json_snapshot!("bucket_diagnostics", diagnostic_lines(&out.diagnostics));
+    }
 }

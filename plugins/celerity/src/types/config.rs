@@ -250,4 +250,68 @@ mod tests {
             plain
         );
     }
+
+    #[test]
+    fn config_as_a_secret_and_as_parameters() {
+        let out = crate::transform_doc(serde_json::json!({
+            "version": "2023-04-20",
+            "transform": "celerity-2023-04-20",
+            "resources": {
+                "secrets": {
+                    "type": "celerity/config",
+                    "metadata": {"labels": {"app": "orders"}},
+                    "spec": {"name": "orders-secrets", "encryptionKeyId": "alias/app",
+                             "values": {"dbPassword": "${variables.dbPassword}", "retries": 3}}
+                },
+                "settings": {
+                    "type": "celerity/config",
+                    "metadata": {"labels": {"app": "orders"}},
+                    "spec": {"values": {"region": "eu-west-1", "apiKey": "k", "debug": false},
+                             "plaintext": ["region", "debug"]}
+                },
+                "reader": {
+                    "type": "aws/lambda/function",
+                    "spec": {"codeUri": "./r",
+                             "description": "${resources.secrets.spec.id} ${resources.secrets.spec.name} ${resources.settings.spec.id}"}
+                }
+            }
+        }));
+        assert!(
+            out.diagnostics.is_empty(),
+            "{:?}",
+            crate::model::diagnostic_lines(&out.diagnostics)
+        );
+        insta::assert_json_snapshot!("config", out.blueprint["resources"]);
+        let derived: Vec<(&str, &str)> = out
+            .derivations
+            .iter()
+            .map(|d| (d.generated_resource.as_str(), d.abstract_resource.as_str()))
+            .collect();
+        assert_eq!(
+            derived,
+            [
+                ("secrets", "secrets"),
+                ("settings_region", "settings"),
+                ("settings_apiKey", "settings"),
+                ("settings_debug", "settings")
+            ]
+        );
+    }
+
+    #[test]
+    fn config_diagnostics() {
+        let out = crate::transform_doc(serde_json::json!({
+            "version": "2023-04-20",
+            "transform": "celerity-2023-04-20",
+            "resources": {
+                "a": {"type": "celerity/config",
+                      "spec": {"values": {"x": [1], "bad key": "v"}, "plaintext": ["x", "missing"],
+                               "replicate": true, "encryptionKeyId": "k", "rotation": {"period": 30}}}
+            }
+        }));
+        insta::assert_json_snapshot!(
+            "config_diagnostics",
+            crate::model::diagnostic_lines(&out.diagnostics)
+        );
+    }
 }

@@ -240,3 +240,67 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
     out.alias(r, "name", at("tableName"));
     out.alias(r, "id", at("arn"));
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::diagnostic_lines;
+    use crate::transform_doc;
+    use serde_json::{Value, json};
+
+    fn doc(resources: Value) -> Value {
+        json!({"version": "2023-04-20", "transform": "celerity-2023-04-20", "resources": resources})
+    }
+
+    #[test]
+    fn datastore_keys_indexes_and_time_to_live() {
+        let out = transform_doc(doc(json!({
+            "users": {
+                "type": "celerity/datastore",
+                "metadata": {"labels": {"app": "users"}},
+                "spec": {
+                    "name": "users",
+                    "keys": {"partitionKey": "id", "sortKey": "createdAt"},
+                    "schema": {"fields": {
+                        "id": {"type": "string"},
+                        "createdAt": {"type": "number"},
+                        "email": {"type": "string"}
+                    }},
+                    "indexes": [
+                        {"name": "byEmail", "fields": ["email"]},
+                        {"name": "byOrg", "fields": ["orgId", "createdAt"]}
+                    ],
+                    "timeToLive": {"fieldName": "expiresAt", "enabled": true}
+                }
+            },
+            "minimal": {"type": "celerity/datastore", "spec": {"keys": {"partitionKey": "pk"}}},
+            "reader": {
+                "type": "aws/lambda/function",
+                "spec": {"codeUri": "./r", "description": "${resources.users.spec.name} ${resources.users.spec.id}"}
+            }
+        })));
+        assert!(
+            out.diagnostics.is_empty(),
+            "{:?}",
+            diagnostic_lines(&out.diagnostics)
+        );
+        insta::assert_json_snapshot!("datastore_table", out.blueprint["resources"]);
+    }
+
+    #[test]
+    fn datastore_diagnostics() {
+        let out = transform_doc(doc(json!({
+            "bad": {
+                "type": "celerity/datastore",
+                "spec": {
+                    "keys": {"partitionKey": "flag"},
+                    "schema": {"fields": {"flag": {"type": "boolean"}}},
+                    "schemaPath": "./schemas/bad.yaml",
+                    "indexes": [{"name": "wide", "fields": ["a", "b", "c"]}],
+                    "timeToLive": {"enabled": true}
+                }
+            },
+            "nokeys": {"type": "celerity/datastore", "spec": {}}
+        })));
+        insta::assert_json_snapshot!("datastore_diagnostics", diagnostic_lines(&out.diagnostics));
+    }
+}

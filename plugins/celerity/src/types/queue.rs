@@ -194,3 +194,71 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
     out.alias(r, "id", at("arn"));
     out.alias(r, "url", at("queueUrl"));
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::diagnostic_lines;
+    use crate::transform_doc;
+    use serde_json::{Value, json};
+
+    fn doc(resources: Value) -> Value {
+        json!({"version": "2023-04-20", "transform": "celerity-2023-04-20", "resources": resources})
+    }
+
+    #[test]
+    fn queue_fifo_and_dead_letter_queue() {
+        let out = transform_doc(doc(json!({
+            "orders": {
+                "type": "celerity/queue",
+                "metadata": {"labels": {"app": "orders"},
+                             "annotations": {"celerity.queue.deadLetterMaxAttempts": 4}},
+                "linkSelector": {"byLabel": {"dlq": "orders"}},
+                "spec": {"name": "orders", "fifo": true, "visibilityTimeout": 60,
+                         "encryptionKeyId": "alias/orders"}
+            },
+            "ordersDlq": {
+                "type": "celerity/queue",
+                "metadata": {"labels": {"dlq": "orders"}},
+                "spec": {"name": "orders-dlq.fifo", "fifo": true}
+            },
+            "plain": {"type": "celerity/queue", "spec": {}},
+            "reader": {
+                "type": "aws/lambda/function",
+                "spec": {"codeUri": "./r", "description": "${resources.orders.spec.url} ${resources.orders.spec.id} ${resources.orders.spec.name}"}
+            }
+        })));
+        assert!(
+            out.diagnostics.is_empty(),
+            "{:?}",
+            diagnostic_lines(&out.diagnostics)
+        );
+        insta::assert_json_snapshot!("queue_fifo_dead_letter", out.blueprint["resources"]);
+    }
+
+    #[test]
+    fn queue_diagnostics() {
+        let out = transform_doc(doc(json!({
+            "a": {
+                "type": "celerity/queue",
+                "linkSelector": {"byLabel": {"g": "x"}},
+                "spec": {"fifo": true, "visibilityTimeout": 50000}
+            },
+            "b": {"type": "celerity/queue", "metadata": {"labels": {"g": "x"}}, "spec": {}},
+            "c": {"type": "celerity/queue", "metadata": {"labels": {"g": "x"}}, "spec": {}},
+            "t": {"type": "celerity/topic", "metadata": {"labels": {"g": "x"}}, "spec": {}},
+            "d": {
+                "type": "celerity/queue",
+                "metadata": {"annotations": {"celerity.queue.deadLetterMaxAttempts": 2,
+                                             "celerity.queue.bucket.events": "created"}},
+                "spec": {"fifo": "yes"}
+            },
+            "e": {
+                "type": "celerity/queue",
+                "linkSelector": {"byLabel": {"dlq": "std"}},
+                "spec": {"fifo": true}
+            },
+            "f": {"type": "celerity/queue", "metadata": {"labels": {"dlq": "std"}}, "spec": {}}
+        })));
+        insta::assert_json_snapshot!("queue_diagnostics", diagnostic_lines(&out.diagnostics));
+    }
+}

@@ -68,3 +68,30 @@ pub fn emit(_input: &Input, r: &Resource, out: &mut Out) {
     out.alias(r, "name", at("topicName"));
     out.alias(r, "id", at("topicArn"));
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::diagnostic_lines;
+    use crate::transform_doc;
+    use serde_json::json;
+
+    #[test]
+    fn topic_standard_and_fifo() {
+        let out = transform_doc(json!({
+            "version": "2023-04-20",
+            "transform": "celerity-2023-04-20",
+            "resources": {
+                "events": {"type": "celerity/topic", "metadata": {"labels": {"app": "orders"}},
+                           "spec": {"name": "events", "encryptionKeyId": "alias/events"}},
+                "ordered": {"type": "celerity/topic", "spec": {"name": "ordered", "fifo": true},
+                            "metadata": {"annotations": {"celerity.topic.bucket.events": "created"}}},
+                "reader": {
+                    "type": "aws/lambda/function",
+                    "spec": {"codeUri": "./r", "description": "${resources.events.spec.id} ${resources.ordered.spec.name}"}
+                }
+            }
+        }));
+        insta::assert_json_snapshot!("topic", out.blueprint["resources"]);
+        insta::assert_json_snapshot!("topic_diagnostics", diagnostic_lines(&out.diagnostics));
+    }
+}
