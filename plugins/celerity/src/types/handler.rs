@@ -335,10 +335,11 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
     // only handlerConfigs (resolved here, never emitted), it would select
     // nothing concrete.
     let selected: Vec<&Resource> = input.selected_by(r).collect();
-    if !selected.is_empty() && selected.iter().all(|s| s.ty == handler_config::TYPE) {
-        if let Some(def) = out.get_mut(&r.name) {
-            def.remove("linkSelector");
-        }
+    if !selected.is_empty()
+        && selected.iter().all(|s| s.ty == handler_config::TYPE)
+        && let Some(def) = out.get_mut(&r.name)
+    {
+        def.remove("linkSelector");
     }
     if selected.iter().any(|s| BACKING.contains(&s.ty.as_str()))
         && !r
