@@ -42,6 +42,7 @@ pub fn transform_doc(mut blueprint: Json) -> Transformed {
             finish(&input, &mut out);
         }
     }
+    retarget_depends_on(&mut out);
     if let Some(doc) = blueprint.as_object_mut() {
         doc.insert(
             "resources".into(),
@@ -53,6 +54,44 @@ pub fn transform_doc(mut blueprint: Json) -> Transformed {
         blueprint,
         diagnostics: out.diagnostics,
         derivations: out.derivations,
+    }
+}
+
+/// `dependsOn` entries that name an abstract resource with no concrete
+/// resource of its name (a config stored as parameters, a handlerConfig)
+/// name what was derived from it instead, or go when nothing was.
+fn retarget_depends_on(out: &mut Out) {
+    let names: std::collections::HashSet<String> = out.resources.keys().cloned().collect();
+    for def in out.resources.values_mut() {
+        let Some(deps) = def.get_mut("dependsOn").and_then(Json::as_array_mut) else {
+            continue;
+        };
+        if deps
+            .iter()
+            .all(|d| d.as_str().is_none_or(|d| names.contains(d)))
+        {
+            continue;
+        }
+        let mut new: Vec<Json> = Vec::new();
+        for d in deps.iter() {
+            match d.as_str() {
+                Some(name) if !names.contains(name) => {
+                    for derived in out
+                        .derivations
+                        .iter()
+                        .filter(|x| x.abstract_resource == name)
+                    {
+                        let g = Json::from(derived.generated_resource.as_str());
+                        if !new.contains(&g) {
+                            new.push(g);
+                        }
+                    }
+                }
+                _ if !new.contains(d) => new.push(d.clone()),
+                _ => {}
+            }
+        }
+        *deps = new;
     }
 }
 
@@ -140,5 +179,26 @@ mod tests {
             ]
         );
         assert_eq!(out.derivations.len(), 2);
+    }
+
+    #[test]
+    fn depends_on_an_abstract_resource_without_a_namesake_names_what_came_of_it() {
+        let out = transform_doc(json!({
+            "version": "2023-04-20",
+            "transform": "celerity-2023-04-20",
+            "resources": {
+                "shared": {"type": "celerity/handlerConfig", "spec": {"codeLocation": "./x"}},
+                "settings": {"type": "celerity/config",
+                             "spec": {"values": {"a": "1", "b": "2"}, "plaintext": ["a"]}},
+                "table": {"type": "celerity/datastore", "spec": {"keys": {"partitionKey": "id"}}},
+                "worker": {"type": "aws/lambda/function",
+                           "dependsOn": ["settings", "shared", "table"],
+                           "spec": {"codeUri": "./w"}}
+            }
+        }));
+        assert_eq!(
+            out.blueprint["resources"]["worker"]["dependsOn"],
+            json!(["settings_a", "settings_b", "table"])
+        );
     }
 }
