@@ -1032,6 +1032,7 @@ mod tests {
                 }],
                 reason: String::new(),
                 depends_on: vec!["b".into()],
+                derived_from: None,
             }],
             links: vec![],
             children: vec![],

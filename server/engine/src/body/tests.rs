@@ -217,3 +217,27 @@ fn settings_are_digested_and_kept() {
     .expect("decodes");
     assert_eq!(back, code);
 }
+
+#[test]
+fn the_abstract_resource_of_a_generated_one_is_kept() {
+    let mut before = decode(&unversioned()).unwrap();
+    assert_eq!(
+        before.plan.resources[0].derived_from, None,
+        "older bodies have none"
+    );
+    before.plan.resources[0].derived_from = Some(DerivedFrom {
+        resource: "saveOrder".into(),
+        transform: "celerity-2023-04-20".into(),
+    });
+    let written = encode(
+        &before.inputs,
+        &before.plan,
+        before.datasources.clone(),
+        vec![],
+    );
+    assert_eq!(
+        written["plan"][0]["derivedFrom"],
+        json!({"resource": "saveOrder", "transform": "celerity-2023-04-20"})
+    );
+    assert_eq!(decode_plan(&written).unwrap().0, before.plan);
+}
