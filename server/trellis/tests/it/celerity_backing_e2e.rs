@@ -79,6 +79,9 @@ out["dlq_arn"] = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueAr
 out["topics"] = [x["TopicArn"] for x in sns.list_topics()["Topics"]]
 out["bucket"] = not gone(lambda: s3.head_bucket(Bucket=names["bucket"]))
 out["secret"] = sm.get_secret_value(SecretId=names["secret"])["SecretString"]
+params = client("ssm").get_parameters(
+    Names=["/%s/region" % names["store"], "/%s/token" % names["store"]], WithDecryption=True)
+out["parameters"] = {p["Name"]: [p["Type"], p["Value"]] for p in params["Parameters"]}
 "#;
 
 const CHECK_DESTROYED: &str = r#"
@@ -92,6 +95,8 @@ out["dlq"] = gone(lambda: sqs.get_queue_url(QueueName=names["dlq"]))
 out["topic"] = not any(x["TopicArn"].endswith(":" + names["topic"]) for x in sns.list_topics()["Topics"])
 out["bucket"] = gone(lambda: s3.head_bucket(Bucket=names["bucket"]))
 out["secret"] = gone(lambda: sm.describe_secret(SecretId=names["secret"]))
+out["parameters"] = client("ssm").get_parameters(
+    Names=["/%s/region" % names["store"], "/%s/token" % names["store"]])["Parameters"] == []
 "#;
 
 #[test]
@@ -108,6 +113,7 @@ fn a_handler_with_its_config_and_backing_resources_deploys_links_and_destroys() 
         "topic": format!("{p}-events"),
         "bucket": format!("{p}-uploads"),
         "secret": format!("{p}-secrets"),
+        "store": format!("{p}-settings"),
     });
     let n = |k: &str| names[k].as_str().expect("name").to_owned();
     std::fs::create_dir_all(root.join("handlers")).expect("code dir");
@@ -203,6 +209,16 @@ resources:
       values:
         apiKey: k-123
         retries: 3
+  settings:
+    type: celerity/config
+    metadata:
+      labels: {{app: orders}}
+    spec:
+      name: {store}
+      plaintext: [region]
+      values:
+        region: eu-west-1
+        token: t-456
 exports:
   functionName:
     type: string
@@ -215,6 +231,7 @@ exports:
             topic = n("topic"),
             bucket = n("bucket"),
             secret = n("secret"),
+            store = n("store"),
         ),
     );
     let engine = engine(root, m);
@@ -326,6 +343,34 @@ exports:
     let secret: Value =
         serde_json::from_str(got["secret"].as_str().expect("secret string")).expect("json");
     assert_eq!(secret, json!({"apiKey": "k-123", "retries": 3}));
+    // The config with `plaintext`: one parameter per key, String for the plaintext one; the
+    // handler links to each (a policy, and a variable holding the parameter's name).
+    let (region, token) = (
+        format!("/{}/region", n("store")),
+        format!("/{}/token", n("store")),
+    );
+    assert_eq!(
+        got["parameters"],
+        json!({region.clone(): ["String", "eu-west-1"], token.clone(): ["SecureString", "t-456"]}),
+        "{got}"
+    );
+    for (resource, name) in [("settings_region", &region), ("settings_token", &token)] {
+        let doc = policies
+            .get(&format!("trellis-link-{resource}"))
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no link policy for {resource}: {policies:?}"));
+        assert!(
+            doc.contains(name.trim_start_matches('/')),
+            "{resource}: {doc}"
+        );
+        assert!(
+            env.as_object()
+                .expect("env")
+                .values()
+                .any(|v| v == name.as_str()),
+            "no variable names {name}: {env}"
+        );
+    }
 
     // Destroy leaves nothing, the function's own role included.
     let out = engine.cli(&["destroy", "--instance", "cel"]);
