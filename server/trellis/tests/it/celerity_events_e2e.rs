@@ -437,6 +437,39 @@ resources:
       runtime: python3.12.x
       timeout: 10
 
+  ledger:
+    type: celerity/datastore
+    linkSelector:
+      byLabel:
+        streams: ledger
+    spec:
+      name: ${variables.prefix}-ledger
+      keys:
+        partitionKey: id
+  ledgerConsumer:
+    type: celerity/consumer
+    metadata:
+      labels:
+        streams: ledger
+      annotations:
+        celerity.consumer.datastore.startFromBeginning: true
+    linkSelector:
+      byLabel:
+        handles: ledger
+    spec:
+      batchSize: 50
+      partialFailures: true
+  ledgerHandler:
+    type: celerity/handler
+    metadata:
+      labels:
+        handles: ledger
+    spec:
+      handlerName: ${variables.prefix}-ledger
+      codeLocation: app
+      handler: handler.handler
+      runtime: python3.12.x
+
   nightly:
     type: celerity/schedule
     linkSelector:
@@ -470,6 +503,9 @@ for name, q in args["queues"].items():
         "redrive": json.loads(attrs["RedrivePolicy"]) if "RedrivePolicy" in attrs else None,
         "mappings": [[m["FunctionArn"], m["BatchSize"], m.get("FunctionResponseTypes", [])] for m in maps],
     }
+stream = call("dynamodb", "describe_table", TableName=args["table"]).get("Table", {}).get("LatestStreamArn")
+out["stream"] = [[m["FunctionArn"], m["BatchSize"], m.get("StartingPosition"), m.get("FunctionResponseTypes", [])]
+                 for m in call("lambda", "list_event_source_mappings", EventSourceArn=stream).get("EventSourceMappings", [])]
 subs = call("sns", "list_subscriptions_by_topic", TopicArn=args["topic"]).get("Subscriptions", [])
 out["subscriptions"] = sorted([s["Protocol"], s["Endpoint"]] for s in subs)
 rule = args["rule"]
@@ -489,6 +525,7 @@ for name, fn in args["functions"].items():
 
 const EVENTS_GONE: &str = r#"
 out["queues"] = [call("sqs", "get_queue_attributes", QueueUrl=u).get("Error") for u in args["queues"]]
+out["table"] = call("dynamodb", "describe_table", TableName=args["table"]).get("Error")
 out["topic"] = call("sns", "get_topic_attributes", TopicArn=args["topic"]).get("Error")
 out["rule"] = call("events", "describe_rule", Name=args["rule"]).get("Error")
 out["functions"] = [call("lambda", "get_function", FunctionName=f).get("Error") for f in args["functions"]]
@@ -520,6 +557,11 @@ fn a_queue_consumer_a_topic_fan_out_and_a_schedule_deploy_and_destroy() {
             ("events", "audit_queue", "aws/sns/topic::aws/sqs/queue"),
             ("events", "notify_queue", "aws/sns/topic::aws/sqs/queue"),
             ("jobs", "worker", trigger),
+            (
+                "ledger",
+                "ledgerHandler",
+                "aws/dynamodb/table::aws/lambda/function",
+            ),
             ("nightly", "cleanup", "aws/events/rule::aws/lambda/function"),
             ("notify_queue", "notifier", trigger),
         ]),
@@ -533,6 +575,7 @@ fn a_queue_consumer_a_topic_fan_out_and_a_schedule_deploy_and_destroy() {
     let fns = json!({
         "worker": format!("{prefix}-worker"), "auditor": format!("{prefix}-auditor"),
         "notifier": format!("{prefix}-notifier"), "cleanup": format!("{prefix}-cleanup"),
+        "ledgerHandler": format!("{prefix}-ledger"),
     });
     let rule = state(&inst, "nightly", "arn")
         .rsplit('/')
@@ -545,6 +588,7 @@ fn a_queue_consumer_a_topic_fan_out_and_a_schedule_deploy_and_destroy() {
         "topic": state(&inst, "events", "arn"),
         "rule": rule,
         "functions": fns,
+        "table": format!("{prefix}-ledger"),
     });
     let seen = boto_script(m, &args, EVENT_CHECKS);
     let q = &seen["queues"];
@@ -593,6 +637,24 @@ fn a_queue_consumer_a_topic_fan_out_and_a_schedule_deploy_and_destroy() {
     );
     assert_eq!(q["notify_queue"]["redrive"], Value::Null, "{seen}");
 
+    // Datastore → consumer → handler: a mapping on the table's stream from its oldest
+    // record, with the batch size and partial failures; stream read rights on the role.
+    assert_eq!(
+        seen["stream"],
+        json!([[
+            f["ledgerHandler"]["arn"],
+            50,
+            "TRIM_HORIZON",
+            ["ReportBatchItemFailures"]
+        ]]),
+        "{seen}"
+    );
+    assert_eq!(
+        f["ledgerHandler"]["policies"],
+        json!(["trellis-trigger-ledger"]),
+        "{seen}"
+    );
+
     // Schedule → handler: the rule's cron, its target with the schedule's input, the
     // invoke permission for EventBridge.
     assert_eq!(seen["rule"], "cron(0 3 * * ? *)", "{seen}");
@@ -614,7 +676,7 @@ fn a_queue_consumer_a_topic_fan_out_and_a_schedule_deploy_and_destroy() {
         .iter()
         .map(|n| &args["queues"][*n]["url"])
         .collect();
-    let roles: Vec<&Value> = ["worker", "auditor", "notifier", "cleanup"]
+    let roles: Vec<&Value> = ["worker", "auditor", "notifier", "cleanup", "ledgerHandler"]
         .iter()
         .map(|n| &f[*n]["role"])
         .collect();
@@ -623,7 +685,7 @@ fn a_queue_consumer_a_topic_fan_out_and_a_schedule_deploy_and_destroy() {
         &json!({
             "queues": urls, "topic": args["topic"], "rule": args["rule"],
             "functions": fns.as_object().expect("map").values().collect::<Vec<_>>(),
-            "worker": f["worker"]["arn"], "roles": roles,
+            "worker": f["worker"]["arn"], "roles": roles, "table": args["table"],
         }),
         EVENTS_GONE,
     );
@@ -633,9 +695,10 @@ fn a_queue_consumer_a_topic_fan_out_and_a_schedule_deploy_and_destroy() {
             "queues": vec!["AWS.SimpleQueueService.NonExistentQueue"; 4],
             "topic": "NotFound",
             "rule": "ResourceNotFoundException",
-            "functions": vec!["ResourceNotFoundException"; 4],
+            "table": "ResourceNotFoundException",
+            "functions": vec!["ResourceNotFoundException"; 5],
             "mappings": [],
-            "roles": vec!["NoSuchEntity"; 4],
+            "roles": vec!["NoSuchEntity"; 5],
         }),
         "{gone}"
     );
