@@ -78,10 +78,10 @@ pub enum Command {
 pub mod client;
 pub mod environment;
 mod eval;
-mod transformed;
 pub mod inputs;
 pub mod plugin_cmds;
 pub mod token;
+mod transformed;
 
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
@@ -324,7 +324,10 @@ fn run_validate(args: &ValidateArgs) -> ExitCode {
         OutputFormat::Json if args.show_transformed => {
             let mut json = report.to_json();
             json.pop(); // the closing brace
-            let shown: Vec<_> = shown_files.iter().map(transformed::Shown::to_json).collect();
+            let shown: Vec<_> = shown_files
+                .iter()
+                .map(transformed::Shown::to_json)
+                .collect();
             writeln!(
                 stdout,
                 "{json},\"transformed\":{}}}",
