@@ -69,6 +69,14 @@ VARIABLES = {
 # What a handler needs to deploy: the spec of the handlers wrappers add.
 HANDLER_SPEC = "handler: handlers.main\ncodeLocation: ./handlers\nruntime: python3.13.x\n"
 
+# The route of the handler an api wrapper adds (an api routing to no handler deploys nothing
+# and is warned about).
+HTTP_ROUTE = (
+    "celerity.handler.http: true\n"
+    "celerity.handler.http.method: \"GET\"\n"
+    "celerity.handler.http.path: \"/example\"\n"
+)
+
 # A guard map every auth fragment can name: `jwt` as the documentation's examples define it,
 # and `rbac` (named by the guard-chain examples) as a custom guard.
 GUARDS = """\
@@ -93,27 +101,32 @@ WRAPS = {
     ("api", 0): {
         "why": "a value of an api's `cors` field (spec.cors)",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n{fragment}",
     },
     ("api", 1): {
         "why": "a value of an api's `cors` field (spec.cors)",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n{fragment}",
     },
     ("api", 2): {
         "why": "a value of an api's `domain` field (spec.domain)",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n{fragment}",
     },
     ("api", 3): {
         "why": "a value of an api's `auth` field (spec.auth)",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n{fragment}",
     },
     ("api", 4): {
         "why": "alternative values of `authGuard` in an api's WebSocket configuration "
         "(spec.protocols[].websocketConfig.authGuard), naming guards of spec.auth",
         "type": "celerity/api",
+        "selects_handler": "http",
         "split": True,
         "spec": "protocols:\n  - websocketConfig:\n      authStrategy: connect\n"
         "{fragment:6}" + GUARDS,
@@ -122,6 +135,7 @@ WRAPS = {
         "why": "a value of `basePaths` in an api's domain configuration "
         "(spec.domain.basePaths)",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n  - websocket\ndomain:\n  domainName: api.example.com\n"
         "  basePaths:\n{fragment:4}",
     },
@@ -129,6 +143,7 @@ WRAPS = {
         "why": "a value of `basePaths` in an api's domain configuration "
         "(spec.domain.basePaths)",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n  - websocket\ndomain:\n  domainName: api.example.com\n"
         "  basePaths:\n{fragment:4}",
     },
@@ -136,6 +151,7 @@ WRAPS = {
         "why": "alternative values of `defaultGuard` in an api's auth configuration "
         "(spec.auth.defaultGuard), naming guards of spec.auth.guards",
         "type": "celerity/api",
+        "selects_handler": "http",
         "split": True,
         "spec": "protocols:\n  - http\n" + GUARDS + "{fragment:2}",
     },
@@ -143,6 +159,7 @@ WRAPS = {
         "why": "a value of a JWT guard's `tokenSource` (spec.auth.guards.jwt.tokenSource) "
         "for an API serving HTTP and WebSocket",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n  - websocket\nauth:\n  guards:\n    jwt:\n"
         "      type: jwt\n      issuer: \"https://identity.example.com/oauth2/v1/\"\n"
         "      audience:\n        - \"https://api.example.com/\"\n"
@@ -152,6 +169,7 @@ WRAPS = {
         "why": "a value of a JWT guard's `tokenSource` (spec.auth.guards.jwt.tokenSource) "
         "for an API serving HTTP and WebSocket",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n  - websocket\nauth:\n  guards:\n    jwt:\n"
         "      type: jwt\n      issuer: \"https://identity.example.com/oauth2/v1/\"\n"
         "      audience:\n        - \"https://api.example.com/\"\n"
@@ -161,6 +179,7 @@ WRAPS = {
         "why": "the `tokenSource` field of a JWT guard (spec.auth.guards.jwt) for an API "
         "serving HTTP and WebSocket",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n  - websocket\nauth:\n  guards:\n    jwt:\n"
         "      type: jwt\n      issuer: \"https://identity.example.com/oauth2/v1/\"\n"
         "      audience:\n        - \"https://api.example.com/\"\n{fragment:6}",
@@ -169,6 +188,7 @@ WRAPS = {
         "why": "the `tokenSource` field of a JWT guard (spec.auth.guards.jwt) for an API "
         "serving HTTP and WebSocket",
         "type": "celerity/api",
+        "selects_handler": "http",
         "spec": "protocols:\n  - http\n  - websocket\nauth:\n  guards:\n    jwt:\n"
         "      type: jwt\n      issuer: \"https://identity.example.com/oauth2/v1/\"\n"
         "      audience:\n        - \"https://api.example.com/\"\n{fragment:6}",
@@ -200,6 +220,32 @@ WRAPS = {
     },
 }
 
+# Resources added to whole examples that select (or need) a resource the example does not
+# show: `why` is recorded in the case's header; `resources` is appended to the example's
+# `resources` section (written with a 2-space step, re-indented to the example's).
+HANDLER_SPEC_IN_RESOURCE = "".join("    " + line for line in HANDLER_SPEC.splitlines(True))
+ADDITIONS = {
+    ("schedule", 1): {
+        "why": "the handler the schedule triggers (the example selects handlers labelled "
+        "`application: jobs` and shows none)",
+        "resources": "jobsHandler:\n  type: \"celerity/handler\"\n  metadata:\n"
+        "    labels:\n      application: \"jobs\"\n  spec:\n" + HANDLER_SPEC_IN_RESOURCE,
+    },
+    ("consumer", 0): {
+        "why": "the handler the consumer invokes (the example selects handlers labelled "
+        "`application: orders` and shows none)",
+        "resources": "ordersHandler:\n  type: \"celerity/handler\"\n  metadata:\n"
+        "    labels:\n      application: \"orders\"\n  spec:\n" + HANDLER_SPEC_IN_RESOURCE,
+    },
+    ("topic", 1): {
+        "why": "a handlerConfig giving `createOrderHandler` its `codeLocation` (the example's "
+        "handler has none, and its selector `application: orders` picks this config), as the "
+        "handlerConfig documentation shares code locations",
+        "resources": "ordersHandlerConfig:\n  type: \"celerity/handlerConfig\"\n  metadata:\n"
+        "    labels:\n      application: \"orders\"\n  spec:\n    codeLocation: ./handlers\n",
+    },
+}
+
 # Parts whole examples leave out, written as a comment ending in `...`: each is filled with
 # the least that makes its place valid, and the case's header says so. (comment pattern,
 # replacement at the comment's indentation, what the replacement is.)
@@ -208,6 +254,12 @@ ELISIONS = [
         r"# API spec configuration \.\.\.",
         "protocols:\n  - http\n",
         "the api's elided spec with `protocols: [http]`",
+    ),
+    (
+        r"# Consumer configuration \.\.\.",
+        "sourceId: \"${variables.orderUpdatesTopicId}\"\n",
+        "the consumer's elided spec with the `sourceId` the documentation's other example of "
+        "the same `Order Updates Consumer` gives it (the topic from another blueprint)",
     ),
     (
         r"# Data store configuration \.\.\.",
@@ -372,8 +424,11 @@ def wrapped(kind, fragment, wrap):
     if wrap.get("selects_handler"):
         out += (
             "  exampleHandler:\n    type: \"celerity/handler\"\n    metadata:\n"
-            "      labels:\n        app: example\n    spec:\n" + indent(HANDLER_SPEC, 6)
+            "      labels:\n        app: example\n"
         )
+        if wrap["selects_handler"] == "http":
+            out += "      annotations:\n" + indent(HTTP_ROUTE, 8)
+        out += "    spec:\n" + indent(HANDLER_SPEC, 6)
     return out
 
 
@@ -384,9 +439,25 @@ def header(source, index, line, why):
     return out
 
 
-def case(out_dir, name, text, comment, data=None):
+def add_resources(text, addition):
+    """The document with `addition["resources"]` appended to its `resources` section (the
+    last top-level section of every example ADDITIONS names)."""
+    s = step(text)
+    body = "".join(
+        " " * (s * (len(line) - len(line.lstrip(" "))) // 2) + line.lstrip(" ")
+        if line.strip()
+        else line
+        for line in addition["resources"].splitlines(True)
+    )
+    return text.rstrip("\n") + "\n\n" + indent(body, s)
+
+
+def case(out_dir, name, text, comment, data=None, addition=None):
     d = out_dir / name
     d.mkdir(parents=True, exist_ok=True)
+    if addition:
+        text = add_resources(text, addition)
+        comment += f"# Added: {addition['why']}.\n"
     text, notes = fill_elisions(versioned(text))
     comment += notes
     used = used_variables(text)
@@ -437,7 +508,9 @@ def main():
         if wrap is None:
             if not re.search(r"^resources:", body, re.M):
                 sys.exit(f"{doc} example {i + 1} (line {line}) is a fragment: add it to WRAPS")
-            written.add(case(HERE, base, body, header(doc, i, line, None), data))
+            written.add(
+                case(HERE, base, body, header(doc, i, line, None), data, ADDITIONS.get((kind, i)))
+            )
         elif "data_for" in wrap:
             continue
         elif wrap.get("split"):
