@@ -165,7 +165,8 @@ resources:
         "{messages:#?}"
     );
     assert!(messages[0].contains("generated from `saveOrder` by transform `celerity-2023-04-20`"));
-    assert!(messages[1].contains("[celerity.runtime]"));
+    assert!(messages[1].contains("[celerity.schema.not-allowed]"));
+    assert!(messages[1].contains("`runtime` must be one of"), "{messages:#?}");
 }
 
 #[test]
