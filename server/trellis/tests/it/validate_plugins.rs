@@ -166,7 +166,10 @@ resources:
     );
     assert!(messages[0].contains("generated from `saveOrder` by transform `celerity-2023-04-20`"));
     assert!(messages[1].contains("[celerity.schema.not-allowed]"));
-    assert!(messages[1].contains("`runtime` must be one of"), "{messages:#?}");
+    assert!(
+        messages[1].contains("`runtime` must be one of"),
+        "{messages:#?}"
+    );
 }
 
 #[test]
