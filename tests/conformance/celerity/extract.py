@@ -201,9 +201,10 @@ WRAPS = {
     },
     ("handler-config", 0): {
         "why": "a handlerConfig's `environmentVariables` field (spec.environmentVariables), "
-        "the config selecting one handler by label (a config alone deploys nothing)",
+        "labelled so that one handler selects it and inherits it (a config alone deploys "
+        "nothing; a handler inherits the handlerConfig its own linkSelector selects)",
         "type": "celerity/handlerConfig",
-        "selects_handler": True,
+        "selected_by_handler": True,
         "spec": "{fragment}",
     },
     ("schedule", 0): {
@@ -224,6 +225,19 @@ WRAPS = {
 # show: `why` is recorded in the case's header; `resources` is appended to the example's
 # `resources` section (written with a 2-space step, re-indented to the example's).
 HANDLER_SPEC_IN_RESOURCE = "".join("    " + line for line in HANDLER_SPEC.splitlines(True))
+ORDERS_HTTP_HANDLER = (
+    "ordersHandler:\n  type: \"celerity/handler\"\n  metadata:\n"
+    "    labels:\n      application: \"orders\"\n    annotations:\n"
+    + "".join("      " + line for line in HTTP_ROUTE.splitlines(True))
+    + "  spec:\n" + HANDLER_SPEC_IN_RESOURCE
+)
+ORDERS_WEBSOCKET_HANDLER = (
+    "ordersHandler:\n  type: \"celerity/handler\"\n  metadata:\n"
+    "    labels:\n      application: \"orders\"\n    annotations:\n"
+    "      celerity.handler.websocket: true\n"
+    "      celerity.handler.websocket.route: \"orderStream\"\n"
+    "  spec:\n" + HANDLER_SPEC_IN_RESOURCE
+)
 ADDITIONS = {
     ("schedule", 1): {
         "why": "the handler the schedule triggers (the example selects handlers labelled "
@@ -236,6 +250,26 @@ ADDITIONS = {
         "`application: orders` and shows none)",
         "resources": "ordersHandler:\n  type: \"celerity/handler\"\n  metadata:\n"
         "    labels:\n      application: \"orders\"\n  spec:\n" + HANDLER_SPEC_IN_RESOURCE,
+    },
+    ("api", 10): {
+        "why": "the handler the api routes to (the example selects handlers labelled "
+        "`application: orders` and shows none)",
+        "resources": ORDERS_HTTP_HANDLER,
+    },
+    ("api", 11): {
+        "why": "the WebSocket handler the api routes to (the example selects handlers labelled "
+        "`application: orders` and shows none)",
+        "resources": ORDERS_WEBSOCKET_HANDLER,
+    },
+    ("api", 12): {
+        "why": "the WebSocket handler the api routes to (the example selects handlers labelled "
+        "`application: orders` and shows none)",
+        "resources": ORDERS_WEBSOCKET_HANDLER,
+    },
+    ("api", 13): {
+        "why": "the handler the api routes to (the example selects handlers labelled "
+        "`application: orders` and shows none)",
+        "resources": ORDERS_HTTP_HANDLER,
     },
     ("topic", 1): {
         "why": "a handlerConfig giving `createOrderHandler` its `codeLocation` (the example's "
@@ -418,9 +452,17 @@ def wrapped(kind, fragment, wrap):
     name = {"api": "exampleApi", "handler": "exampleHandler",
             "handler-config": "exampleHandlerConfig", "schedule": "exampleSchedule"}[kind]
     out = f"resources:\n  {name}:\n    type: \"{wrap['type']}\"\n"
+    if wrap.get("selected_by_handler"):
+        out += "    metadata:\n      labels:\n        app: example\n"
     if wrap.get("selects_handler"):
         out += "    linkSelector:\n      byLabel:\n        app: example\n"
     out += "    spec:\n" + indent(spec, 6)
+    if wrap.get("selected_by_handler"):
+        out += (
+            "  exampleHandler:\n    type: \"celerity/handler\"\n"
+            "    linkSelector:\n      byLabel:\n        app: example\n"
+            "    spec:\n" + indent(HANDLER_SPEC, 6)
+        )
     if wrap.get("selects_handler"):
         out += (
             "  exampleHandler:\n    type: \"celerity/handler\"\n    metadata:\n"
