@@ -3,8 +3,11 @@
 //! The conformance folder is `tests/conformance/celerity/<case>/`, written by its
 //! `extract.py`: `blueprint.yaml`, `variables.json` when the example reads variables, and
 //! `expected.json`, the diagnostics `trellis validate --format json` reports for it
-//! (`{"diagnostics": [{"code", "severity", "line"}]}`, in report order; empty when the example
-//! is valid). `TRELLIS_BLESS=1` rewrites expected.json from the actual output: review the diff.
+//! (`{"diagnostics": [{"code", "plugin_code"?, "severity", "line"}]}`, in report order; empty
+//! when the example is valid; `plugin_code` is the transformer's or provider's own code of a
+//! T0811 diagnostic, e.g. `celerity.not-supported`). `TRELLIS_BLESS=1` rewrites expected.json
+//! from the actual output: review the diff. Bless or not, a case may carry errors only when it
+//! is in [`NOT_SUPPORTED`] and each of its errors has a code of [`NOT_SUPPORTED_CODES`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -294,6 +297,102 @@ fn conformance_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance/celerity")
 }
 
+/// The plugin's own code of a T0811 diagnostic: the `[celerity.xxx]` the engine puts after
+/// the transform's or resource's name in the message, before the `: ` of the plugin's text.
+fn plugin_code(message: &str) -> Option<&str> {
+    message.match_indices(" [").find_map(|(at, _)| {
+        let rest = &message[at + 2..];
+        let end = rest.find("]: ")?;
+        let code = &rest[..end];
+        (!code.is_empty() && !code.contains(' ')).then_some(code)
+    })
+}
+
+/// The plugin codes an example's error may have when the example uses a feature the AWS
+/// target reports as not supported yet (docs/celerity/*.md, "Not supported yet").
+const NOT_SUPPORTED_CODES: &[&str] = &["celerity.not-supported"];
+
+/// The cases whose examples use such a feature, and which. Any other case must validate with
+/// no error; these may carry errors of [`NOT_SUPPORTED_CODES`] only.
+const NOT_SUPPORTED: &[(&str, &str)] = &[
+    ("api-02", "custom domains"),
+    ("api-03", "auth guards"),
+    ("api-04a", "WebSocket, auth guards"),
+    ("api-04b", "WebSocket, auth guards"),
+    ("api-05", "WebSocket, custom domains"),
+    ("api-06", "WebSocket, custom domains"),
+    ("api-07a", "auth guards"),
+    ("api-07b", "auth guards"),
+    ("api-08", "WebSocket, auth guards"),
+    ("api-09", "WebSocket, auth guards"),
+    ("api-10", "custom domains, auth guards"),
+    ("api-11", "WebSocket, custom domains, auth guards"),
+    ("api-12", "WebSocket, custom domains, auth guards"),
+    ("api-13", "WebSocket, custom domains, auth guards"),
+    ("api-14", "WebSocket, auth guards"),
+    ("api-15", "WebSocket, auth guards"),
+    ("consumer-00", "`sourceId` outside the blueprint"),
+    ("handler-02", "auth guards"),
+    ("handler-05", "`sourceId` outside the blueprint"),
+    ("handler-06", "`sourceId` outside the blueprint"),
+    (
+        "handler-08",
+        "`sourceId` outside the blueprint, WebSocket handlers, auth guards",
+    ),
+    ("handler-10", "`externalEvents`"),
+    ("handler-11", "`externalEvents`"),
+    ("handler-config-01", "custom domains"),
+];
+
+/// Errors that are neither the example's nor a not-supported feature but a gap of the
+/// transformer, accepted (exactly: case, engine code, plugin code or "") until it is closed so
+/// that the test stays a guard for every other case. Each is reported in
+/// docs/celerity/conformance.md.
+const KNOWN_GAPS: &[(&str, &str, &str)] = &[
+    // A config listing `plaintext` keys without `values` emits no parameter, so the blueprint
+    // is left with no resource.
+    ("config-00", "T0305", ""),
+];
+
+/// Why `case`'s diagnostics are not acceptable as an expectation, if they are not.
+fn unacceptable(case: &str, actual: &[Value]) -> Option<String> {
+    let errors: Vec<&Value> = actual.iter().filter(|d| d["severity"] == "error").collect();
+    let errors: Vec<&Value> = errors
+        .into_iter()
+        .filter(|d| {
+            !KNOWN_GAPS.iter().any(|(c, code, own)| {
+                *c == case
+                    && d["code"] == *code
+                    && d["plugin_code"].as_str().unwrap_or_default() == *own
+            })
+        })
+        .collect();
+    if errors.is_empty() {
+        return None;
+    }
+    let Some((_, feature)) = NOT_SUPPORTED.iter().find(|(name, _)| *name == case) else {
+        return Some(format!(
+            "{case}: errors in a case not listed in NOT_SUPPORTED: {}",
+            Value::Array(errors.into_iter().cloned().collect())
+        ));
+    };
+    let other: Vec<Value> = errors
+        .into_iter()
+        .filter(|d| {
+            !d["plugin_code"]
+                .as_str()
+                .is_some_and(|c| NOT_SUPPORTED_CODES.contains(&c))
+        })
+        .cloned()
+        .collect();
+    (!other.is_empty()).then(|| {
+        format!(
+            "{case} (not supported: {feature}): errors other than {NOT_SUPPORTED_CODES:?}: {}",
+            Value::Array(other)
+        )
+    })
+}
+
 /// `trellis validate --format json` of one case: its diagnostics as (code, severity, line),
 /// and the messages (for failure reports).
 fn run_case(root: &Path, plugins: &Path, case: &Path) -> (Vec<Value>, Vec<String>) {
@@ -319,7 +418,15 @@ fn run_case(root: &Path, plugins: &Path, case: &Path) -> (Vec<Value>, Vec<String
     (
         diags
             .iter()
-            .map(|d| json!({"code": d["code"], "severity": d["severity"], "line": d["line"]}))
+            .map(|d| {
+                let mut e = json!({"code": d["code"]});
+                if let Some(own) = plugin_code(d["message"].as_str().unwrap_or_default()) {
+                    e["plugin_code"] = json!(own);
+                }
+                e["severity"] = d["severity"].clone();
+                e["line"] = d["line"].clone();
+                e
+            })
             .collect(),
         diags
             .iter()
@@ -361,21 +468,34 @@ fn the_celerity_documentation_examples_validate_as_expected() {
             .ok()
             .map(|t| serde_json::from_str(&t).unwrap_or_else(|e| panic!("{name}: {e}")));
         let want = expected.as_ref().map(|e| e["diagnostics"].clone());
-        if want.as_ref() == Some(&Value::Array(actual.clone())) {
+        if let Some(why) = unacceptable(&name, &actual) {
+            failures.push(format!("{why}\n    {}", messages.join("\n    ")));
+            continue;
+        }
+        let reason = NOT_SUPPORTED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, feature)| *feature);
+        let want_reason = expected.as_ref().and_then(|e| e["not_supported"].as_str());
+        if want.as_ref() == Some(&Value::Array(actual.clone())) && want_reason == reason {
             continue;
         }
         if bless {
             let lines: Vec<String> = actual.iter().map(|d| format!("    {d}")).collect();
+            let head = reason.map_or(String::new(), |r| {
+                format!("\"not_supported\": {},\n", Value::from(r))
+            });
             let text = if lines.is_empty() {
-                "{\"diagnostics\": []}\n".to_owned()
+                format!("{{{head}\"diagnostics\": []}}\n")
             } else {
-                format!("{{\"diagnostics\": [\n{}\n]}}\n", lines.join(",\n"))
+                format!("{{{head}\"diagnostics\": [\n{}\n]}}\n", lines.join(",\n"))
             };
             std::fs::write(&expected_path, text).unwrap();
             continue;
         }
         failures.push(format!(
-            "{name}:\n  expected: {}\n  actual:   {}\n    {}",
+            "{name}{}:\n  expected: {}\n  actual:   {}\n    {}",
+            reason.map_or(String::new(), |r| format!(" (not supported: {r})")),
             want.map_or("(no expected.json)".to_owned(), |w| w.to_string()),
             Value::Array(actual),
             messages.join("\n    ")
