@@ -7,7 +7,8 @@
 //! when the example is valid; `plugin_code` is the transformer's or provider's own code of a
 //! T0811 diagnostic, e.g. `celerity.not-supported`). `TRELLIS_BLESS=1` rewrites expected.json
 //! from the actual output: review the diff. Bless or not, a case may carry errors only when it
-//! is in [`NOT_SUPPORTED`] and each of its errors has a code of [`NOT_SUPPORTED_CODES`].
+//! is in [`NOT_SUPPORTED`] and each of its errors has a code of [`NOT_SUPPORTED_CODES`] (or is
+//! one of [`KNOWN_GAPS`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
