@@ -1,60 +1,11 @@
 //! The celerity transformer end to end against moto: handlers, their handlerConfig, and the backing types (datastore, queue, topic, bucket, config) with the access links the transform declares.
 
-use std::path::Path;
-use std::process::Command;
-
 use serde_json::{Value, json};
 
-use crate::aws_moto::{Moto, moto, unique};
-use crate::engine_common::{Engine, plugin_dir, write};
-use crate::plugins_common::{TempDir, workspace_binary};
-
-/// The aws engine of `aws_e2e`, with the celerity transformer among its plugins.
-fn engine(root: &Path, m: &Moto) -> Engine {
-    let celerity = workspace_binary(
-        "trellis-transformer-celerity",
-        "trellis-transformer-celerity-2023-04-20",
-        "TRELLIS_TEST_CELERITY",
-    );
-    let link = plugin_dir(root).join("trellis-transformer-celerity-2023-04-20");
-    if !link.exists() {
-        std::os::unix::fs::symlink(celerity, link).expect("link the celerity transformer");
-    }
-    crate::aws_e2e::engine(root, m)
-}
-
-/// Runs a boto3 script (one python process for a whole phase of checks): it gets `client(name)`
-/// for moto and `names` (the JSON given), and sets `out`, printed as JSON.
-fn boto_script(m: &Moto, names: &Value, body: &str) -> Value {
-    let script = format!(
-        r#"import json, sys
-import boto3, botocore.exceptions
-endpoint, names = sys.argv[1], json.loads(sys.argv[2])
-def client(service):
-    return boto3.client(service, endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
-def gone(call):
-    try:
-        call()
-        return False
-    except botocore.exceptions.ClientError:
-        return True
-out = {{}}
-{body}
-print(json.dumps(out, default=str))
-"#
-    );
-    let run = Command::new("python3")
-        .args(["-c", &script, &m.endpoint, &names.to_string()])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        run.status.success(),
-        "boto script failed: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    serde_json::from_slice(&run.stdout).expect("the script prints JSON")
-}
+use crate::aws_moto::{moto, unique};
+use crate::celerity_common::{boto_script, engine};
+use crate::engine_common::write;
+use crate::plugins_common::TempDir;
 
 const CHECK_DEPLOYED: &str = r#"
 lam, iam, ddb, sqs, sns, s3, sm = (client(s) for s in

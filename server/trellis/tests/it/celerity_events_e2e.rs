@@ -5,28 +5,13 @@
 //! check phase reads back what AWS holds: functions, routes, mappings, subscriptions, rules.
 
 use std::path::Path;
-use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::aws_moto::{Moto, moto, unique};
-use crate::engine_common::{Engine, plugin_dir, write};
-use crate::plugins_common::{TempDir, workspace_binary};
-
-/// An engine with the `aws` provider (configured for moto) and the celerity transformer.
-fn engine(root: &Path, m: &Moto) -> Engine {
-    let dir = plugin_dir(root);
-    let link = dir.join("trellis-transformer-celerity-2023-04-20");
-    if !link.exists() {
-        let bin = workspace_binary(
-            "trellis-transformer-celerity",
-            "trellis-transformer-celerity-2023-04-20",
-            "TRELLIS_TEST_CELERITY",
-        );
-        std::os::unix::fs::symlink(bin, link).expect("link the celerity transformer");
-    }
-    crate::aws_e2e::engine(root, m)
-}
+use crate::aws_moto::{moto, unique};
+use crate::celerity_common::{boto_script, engine};
+use crate::engine_common::write;
+use crate::plugins_common::TempDir;
 
 /// The handlers' code, next to the blueprint.
 fn code(root: &Path) {
@@ -35,43 +20,6 @@ fn code(root: &Path) {
         &root.join("app/handler.py"),
         "def handler(event, context):\n    return {\"statusCode\": 200}\n",
     );
-}
-
-/// Runs a boto3 script against moto: `call(service, operation, **params)` answers the
-/// response (or `{"Error": code}`), `args` holds `args`, and the script fills `out`, which
-/// comes back as JSON. One python process for a whole phase of checks.
-fn boto_script(m: &Moto, args: &Value, body: &str) -> Value {
-    let script = format!(
-        r#"
-import json, sys
-import boto3, botocore.exceptions
-endpoint, args = sys.argv[1], json.loads(sys.argv[2])
-clients = {{}}
-def call(service, operation, **params):
-    if service not in clients:
-        clients[service] = boto3.client(service, endpoint_url=endpoint, region_name="us-east-1",
-                                        aws_access_key_id="testing", aws_secret_access_key="testing")
-    try:
-        r = getattr(clients[service], operation)(**params)
-    except botocore.exceptions.ClientError as e:
-        return {{"Error": e.response.get("Error", {{}}).get("Code", "?")}}
-    r.pop("ResponseMetadata", None)
-    return r
-out = {{}}
-{body}
-print(json.dumps(out, default=str))
-"#
-    );
-    let run = Command::new("python3")
-        .args(["-c", &script, &m.endpoint, &args.to_string()])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        run.status.success(),
-        "boto script failed: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    serde_json::from_slice(&run.stdout).expect("the script's JSON")
 }
 
 /// A resource's state field in the engine's record of an instance.

@@ -15,6 +15,7 @@ mod aws_types_e2e;
 mod blueprint_features_e2e;
 mod celerity_backing_e2e;
 mod celerity_cli;
+mod celerity_common;
 mod celerity_events_e2e;
 mod change_order_e2e;
 mod children_e2e;
