@@ -166,6 +166,19 @@ pub fn emit(_input: &Input, r: &Resource, out: &mut Out) {
     }
 
     // Parameter Store.
+    if values.is_empty() {
+        out.warning(
+            "config.empty-store",
+            format!(
+                "config `{}` keeps its values as SSM parameters, one per value, and has no `values`: nothing is deployed for it, and handlers that link to it get no access",
+                r.name
+            ),
+            r.at().field("spec"),
+        )
+        .hint = Some(
+            "set `values`, or leave `plaintext` empty to deploy the config as one secret".into(),
+        );
+    }
     for (i, key) in plaintext.iter().enumerate() {
         if !values.contains_key(*key) {
             out.warning(
@@ -306,7 +319,8 @@ mod tests {
             "resources": {
                 "a": {"type": "celerity/config",
                       "spec": {"values": {"x": [1], "bad key": "v"}, "plaintext": ["x", "missing"],
-                               "replicate": true, "encryptionKeyId": "k", "rotation": {"period": 30}}}
+                               "replicate": true, "encryptionKeyId": "k", "rotation": {"period": 30}}},
+                "empty": {"type": "celerity/config", "spec": {"plaintext": ["LATER"]}}
             }
         }));
         insta::assert_json_snapshot!(
