@@ -92,33 +92,10 @@ fn http_protocol(r: &Resource, out: &mut Out) -> bool {
         let at = r.spec_at("protocols").index(i as u64);
         match p {
             Json::String(s) if s == "http" => http = true,
-            Json::String(s) if s == "websocket" => {
-                out.error(
-                    "not-supported",
-                    format!(
-                        "api `{}`: the WebSocket protocol is not supported by the AWS target yet",
-                        r.name
-                    ),
-                    at,
-                )
-                .hint = Some(
-                    "only `http` is deployed; a WebSocket API needs its own transform support"
-                        .into(),
-                );
-            }
+            // `websocket`, or the object form that configures it.
+            Json::String(s) if s == "websocket" => websocket_not_supported(r, out, at),
             Json::Object(o) if o.contains_key("websocketConfig") => {
-                out.error(
-                    "not-supported",
-                    format!(
-                        "api `{}`: the WebSocket protocol is not supported by the AWS target yet",
-                        r.name
-                    ),
-                    at,
-                )
-                .hint = Some(
-                    "only `http` is deployed; a WebSocket API needs its own transform support"
-                        .into(),
-                );
+                websocket_not_supported(r, out, at)
             }
             other => {
                 out.error(
@@ -389,6 +366,18 @@ pub fn finish(input: &Input, out: &mut Out) {
             .hint = Some("select celerity/handler resources with `celerity.handler.http.method` and `.path` annotations".into());
         }
     }
+}
+
+fn websocket_not_supported(r: &Resource, out: &mut Out, at: AttrPath) {
+    out.error(
+        "not-supported",
+        format!(
+            "api `{}`: the WebSocket protocol is not supported by the AWS target yet",
+            r.name
+        ),
+        at,
+    )
+    .hint = Some("only `http` is deployed; a WebSocket API needs its own transform support".into());
 }
 
 #[cfg(test)]
