@@ -288,6 +288,15 @@ impl Out {
         self.aliases
             .insert((from.name.clone(), field.to_owned()), concrete.into());
     }
+
+    /// Aliases of abstract fields to fields of the concrete resource of the same name:
+    /// `(abstract field, concrete field)` pairs.
+    pub fn alias_fields(&mut self, from: &Resource, pairs: &[(&str, &str)]) {
+        for (field, concrete) in pairs {
+            let path = format!("resources.{}.spec.{concrete}", from.name);
+            self.alias(from, field, path);
+        }
+    }
 }
 
 // ---- wiring of triggers (api, consumer, schedule) onto emitted resources ----

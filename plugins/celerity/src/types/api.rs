@@ -221,12 +221,7 @@ pub fn emit(_input: &Input, r: &Resource, out: &mut Out) {
         "linkSelector".into(),
         json!({ "byLabel": { label(&r.name): "true" } }),
     );
-    out.alias(r, "id", format!("resources.{}.spec.arn", r.name));
-    out.alias(
-        r,
-        "baseUrl",
-        format!("resources.{}.spec.apiEndpoint", r.name),
-    );
+    out.alias_fields(r, &[("id", "arn"), ("baseUrl", "apiEndpoint")]);
 }
 
 /// The route of an HTTP handler (`POST /orders`), reporting what API

@@ -216,9 +216,7 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
     {
         def.remove("linkSelector");
     }
-    let at = |f: &str| format!("resources.{}.spec.{f}", r.name);
-    out.alias(r, "name", at("bucketName"));
-    out.alias(r, "id", at("arn"));
+    out.alias_fields(r, &[("name", "bucketName"), ("id", "arn")]);
 }
 
 #[cfg(test)]

@@ -159,9 +159,7 @@ pub fn emit(_input: &Input, r: &Resource, out: &mut Out) {
             s.insert("kmsKeyId".into(), k.clone());
         }
         out.emit(&r.name, r, "aws/secretsmanager/secret", Json::Object(s));
-        let at = |f: &str| format!("resources.{}.spec.{f}", r.name);
-        out.alias(r, "name", at("secretName"));
-        out.alias(r, "id", at("arn"));
+        out.alias_fields(r, &[("name", "secretName"), ("id", "arn")]);
         return;
     }
 

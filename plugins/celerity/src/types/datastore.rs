@@ -236,9 +236,7 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
         }
     }
     out.emit(&r.name, r, "aws/dynamodb/table", Json::Object(table));
-    let at = |f: &str| format!("resources.{}.spec.{f}", r.name);
-    out.alias(r, "name", at("tableName"));
-    out.alias(r, "id", at("arn"));
+    out.alias_fields(r, &[("name", "tableName"), ("id", "arn")]);
 }
 
 #[cfg(test)]

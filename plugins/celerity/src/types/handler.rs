@@ -354,9 +354,7 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
         );
     }
 
-    let at = |f: &str| format!("resources.{}.spec.{f}", r.name);
-    out.alias(r, "handlerName", at("functionName"));
-    out.alias(r, "id", at("arn"));
+    out.alias_fields(r, &[("handlerName", "functionName"), ("id", "arn")]);
 }
 
 #[cfg(test)]

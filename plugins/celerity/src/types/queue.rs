@@ -189,10 +189,10 @@ pub fn emit(input: &Input, r: &Resource, out: &mut Out) {
     {
         def.remove("linkSelector");
     }
-    let at = |f: &str| format!("resources.{}.spec.{f}", r.name);
-    out.alias(r, "name", at("queueName"));
-    out.alias(r, "id", at("arn"));
-    out.alias(r, "url", at("queueUrl"));
+    out.alias_fields(
+        r,
+        &[("name", "queueName"), ("id", "arn"), ("url", "queueUrl")],
+    );
 }
 
 #[cfg(test)]

@@ -64,9 +64,7 @@ pub fn emit(_input: &Input, r: &Resource, out: &mut Out) {
         }
     }
     out.emit(&r.name, r, "aws/sns/topic", Json::Object(t));
-    let at = |f: &str| format!("resources.{}.spec.{f}", r.name);
-    out.alias(r, "name", at("topicName"));
-    out.alias(r, "id", at("topicArn"));
+    out.alias_fields(r, &[("name", "topicName"), ("id", "topicArn")]);
 }
 
 #[cfg(test)]
