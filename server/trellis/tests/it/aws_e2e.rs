@@ -18,7 +18,7 @@ pub(crate) fn engine(root: &Path, moto: &Moto) -> Engine {
 }
 
 /// An engine whose plugins include `aws`, configured to call AWS at `endpoint`.
-fn engine_at(root: &Path, endpoint: &str) -> Engine {
+pub(crate) fn engine_at(root: &Path, endpoint: &str) -> Engine {
     let aws = workspace_binary(
         "trellis-provider-aws",
         "trellis-provider-aws",

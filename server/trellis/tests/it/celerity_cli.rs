@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
-use crate::aws_moto::{CREDENTIALS, moto, unique};
+use crate::aws_moto::{moto, unique};
 use crate::engine_common::{Engine, plugin_dir, write};
 use crate::plugins_common::{TempDir, workspace_binary};
 
@@ -192,15 +192,7 @@ fn show_transformed_needs_the_plugins() {
 /// An engine with the celerity plugins, its AWS provider pointed at `endpoint`.
 fn engine(root: &Path, endpoint: &str) -> Engine {
     celerity_plugins(root);
-    write(
-        &root.join("engine.toml"),
-        &format!("[providers.aws]\nregion = \"us-east-1\"\nendpoint = \"{endpoint}\"\n"),
-    );
-    let mut b = Engine::builder(root).args(&["--config", "engine.toml"]);
-    for (k, v) in CREDENTIALS {
-        b = b.env(k, v);
-    }
-    b.start()
+    crate::aws_e2e::engine_at(root, endpoint)
 }
 
 #[test]
