@@ -71,14 +71,24 @@ pub fn serve_transformer<T: Transformer>(transformer: T) -> ExitCode {
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env(ENV_LOG).unwrap_or_else(|_| EnvFilter::new("info"));
-    // Plain lines on stderr: the engine adds the time and the plugin's name.
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .with_target(false)
-        .without_time()
-        .try_init();
+        .without_time();
+    // Launched by the engine: one JSON object a line, which the engine turns into its own
+    // structured fields (docs/plugin-protocol.md, "Logs"); by hand: plain lines for a person.
+    // The engine adds the time and the plugin's name either way.
+    let _ = if std::env::var_os(ENV_NONCE).is_some() {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init()
+    } else {
+        builder.with_target(false).try_init()
+    };
 }
 
 struct Launch {

@@ -1039,8 +1039,16 @@ async fn read_stderr(
         while let Ok(Some(line)) = read_line_bounded(&mut reader, MAX_LINE_BYTES).await {
             // A plugin may log what it was sent: secrets of running operations are cut.
             let line = crate::redact::scrub(&line);
-            proc.tail.push(&line);
-            log_line(&plugin, "stderr", &line);
+            match super::plugin_log::Structured::parse(&line) {
+                Some(s) => {
+                    proc.tail.push(&s.readable());
+                    s.emit(&plugin, "stderr");
+                }
+                None => {
+                    proc.tail.push(&line);
+                    log_line(&plugin, "stderr", &line);
+                }
+            }
         }
     }
     let _ = done.send(());
@@ -1092,6 +1100,9 @@ fn strip_ansi(s: &str) -> String {
 /// One plugin output line as a tracing event (target `trellis::plugin`,
 /// fields `plugin` and `stream`).
 pub(crate) fn log_line(plugin: &str, stream: &'static str, line: &str) {
+    if let Some(s) = super::plugin_log::Structured::parse(line) {
+        return s.emit(plugin, stream);
+    }
     match detect_level(line) {
         tracing::Level::ERROR => {
             tracing::error!(target: "trellis::plugin", plugin = %plugin, stream, "{line}")
