@@ -428,14 +428,16 @@ fn schedule(
                     let tx = tx.clone();
                     let ctx2 = ctx.clone();
                     in_flight += 1;
-                    ctx.rt.spawn(async move {
-                        // A task that panics still reports, or the loop would wait forever.
-                        let r = AssertUnwindSafe(run_job(ctx2, job))
-                            .catch_unwind()
-                            .await
-                            .unwrap_or_else(|_| Err(PANICKED.into()));
-                        let _ = tx.send(Msg::Done(i, r));
-                    });
+                    // In the operation's span, like the loop: its lines name the operation.
+                    ctx.rt
+                        .spawn(tracing::Instrument::in_current_span(async move {
+                            // A task that panics still reports, or the loop would wait forever.
+                            let r = AssertUnwindSafe(run_job(ctx2, job))
+                                .catch_unwind()
+                                .await
+                                .unwrap_or_else(|_| Err(PANICKED.into()));
+                            let _ = tx.send(Msg::Done(i, r));
+                        }));
                 }
                 Ok(None) => {
                     done += 1;
@@ -462,15 +464,16 @@ fn schedule(
                         let tx = tx.clone();
                         let ctx2 = ctx.clone();
                         in_flight += 1;
-                        ctx.rt.spawn(async move {
-                            let r = AssertUnwindSafe(call(&ctx2, &job)).catch_unwind().await;
-                            // After a panic the call's outcome is unknown: its intent stays.
-                            let m = match r {
-                                Ok(r) => Msg::Called(i, job, r),
-                                Err(_) => Msg::Done(i, Err(PANICKED.into())),
-                            };
-                            let _ = tx.send(m);
-                        });
+                        ctx.rt
+                            .spawn(tracing::Instrument::in_current_span(async move {
+                                let r = AssertUnwindSafe(call(&ctx2, &job)).catch_unwind().await;
+                                // After a panic the call's outcome is unknown: its intent stays.
+                                let m = match r {
+                                    Ok(r) => Msg::Called(i, job, r),
+                                    Err(_) => Msg::Done(i, Err(PANICKED.into())),
+                                };
+                                let _ = tx.send(m);
+                            }));
                     }
                 }
                 Err(e) => {

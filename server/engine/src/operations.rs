@@ -134,6 +134,8 @@ impl Engine {
                 })],
             )
             .await?;
+        tracing::info!(target: "trellis::operation", operation = %op.id, instance_id = %op.instance_id,
+            kind = kind.as_str(), request_id, status = "running", "operation started");
         Ok(Started::New(self.store.get_operation(&op.id).await?))
     }
 
@@ -390,37 +392,46 @@ impl Engine {
             derivations: std::sync::OnceLock::new(),
         });
         let this = self.clone();
-        self.rt.spawn(async move {
-            exec::spawn_heartbeat(
-                this.store.clone(),
-                lease.clone(),
-                this.config.lease_ttl,
-                heartbeat_done.clone(),
-                stop.clone(),
-            );
-            let runner = this.clone();
-            let run_ctx = ctx.clone();
-            let finish = tokio::task::spawn_blocking(move || {
-                let mut plugins = PluginContext::load(&runner.host, runner.rt.clone());
-                plugins.ask_providers = false;
-                body(&runner, &run_ctx, &plugins)
-            })
-            .await
-            .unwrap_or_else(|e| Finish::failed(format!("the operation panicked: {e}")));
-            heartbeat_done.cancel();
-            // Stopped by a drain: the operation is left running for the drain to mark
-            // interrupted. One that succeeded all the same is recorded as it ended.
-            let drained = this.draining.load(Ordering::SeqCst)
-                && stop.is_cancelled()
-                && !cancel_requested.load(Ordering::SeqCst)
-                && finish.error.is_some();
-            if !drained {
-                let cancelled = cancel_requested.load(Ordering::SeqCst);
-                this.record_end(&ctx, finish, cancelled).await;
-            }
-            this.running.remove(&op.id);
-            this.finished.notify_waiters();
-        });
+        // Every line the run logs (its plugin calls' included) names the operation and the
+        // request that started it; the blocking thread enters the span too.
+        let span = tracing::info_span!("operation", operation = %op.id, instance_id = %op.instance_id,
+            kind = op.kind.as_str(), request_id = %op.request_id);
+        let thread_span = span.clone();
+        self.rt.spawn(tracing::Instrument::instrument(
+            async move {
+                exec::spawn_heartbeat(
+                    this.store.clone(),
+                    lease.clone(),
+                    this.config.lease_ttl,
+                    heartbeat_done.clone(),
+                    stop.clone(),
+                );
+                let runner = this.clone();
+                let run_ctx = ctx.clone();
+                let finish = tokio::task::spawn_blocking(move || {
+                    let _entered = thread_span.enter();
+                    let mut plugins = PluginContext::load(&runner.host, runner.rt.clone());
+                    plugins.ask_providers = false;
+                    body(&runner, &run_ctx, &plugins)
+                })
+                .await
+                .unwrap_or_else(|e| Finish::failed(format!("the operation panicked: {e}")));
+                heartbeat_done.cancel();
+                // Stopped by a drain: the operation is left running for the drain to mark
+                // interrupted. One that succeeded all the same is recorded as it ended.
+                let drained = this.draining.load(Ordering::SeqCst)
+                    && stop.is_cancelled()
+                    && !cancel_requested.load(Ordering::SeqCst)
+                    && finish.error.is_some();
+                if !drained {
+                    let cancelled = cancel_requested.load(Ordering::SeqCst);
+                    this.record_end(&ctx, finish, cancelled).await;
+                }
+                this.running.remove(&op.id);
+                this.finished.notify_waiters();
+            },
+            span,
+        ));
     }
 
     /// Records how an operation ended, with its lease given up. When the store refuses the
@@ -434,6 +445,8 @@ impl Engine {
         f: Finish,
         cancelled: bool,
     ) {
+        // Counted before the write: a client that sees the end finds it counted.
+        crate::metrics::operation_ended(&ctx.operation, end_status(&f, cancelled));
         let Err(first) = self.finish(ctx, f.clone(), cancelled).await else {
             return;
         };
@@ -529,7 +542,19 @@ impl Engine {
             json!({ "status": status.as_str(), "error": f.error,
                     "instanceStatus": f.instance_status.map(|s| s.as_str()) }),
         );
-        ctx.commit(changes, vec![event]).await.map(drop)
+        ctx.commit(changes, vec![event]).await?;
+        let (id, instance) = (&op.id, &op.instance_id);
+        match &f.error {
+            None => {
+                tracing::info!(target: "trellis::operation", operation = %id, instance_id = %instance,
+                kind = op.kind.as_str(), request_id = %op.request_id, status = status.as_str(),
+                "operation ended")
+            }
+            Some(error) => tracing::warn!(target: "trellis::operation", operation = %id,
+                instance_id = %instance, kind = op.kind.as_str(), request_id = %op.request_id,
+                status = status.as_str(), error = %error, "operation ended"),
+        }
+        Ok(())
     }
 
     /// Inputs, plan and evaluation rebuilt from a change set's recorded body, with the data

@@ -46,7 +46,9 @@ impl Engine {
             .await;
             match result {
                 Ok(_) => {
-                    tracing::warn!(operation = %op.id, instance = %op.instance_id, "operation interrupted; instance marked interrupted")
+                    tracing::warn!(target: "trellis::operation", operation = %op.id, instance_id = %op.instance_id,
+                        kind = op.kind.as_str(), request_id = %op.request_id, status = "interrupted",
+                        "operation ended: interrupted; instance marked interrupted")
                 }
                 Err(e) => {
                     tracing::error!(operation = %op.id, error = %e, "could not mark the instance interrupted")
@@ -79,7 +81,12 @@ impl Engine {
             .mark_interrupted(InterruptScope::ShutDown(self.config.owner.clone()))
             .await
         {
-            Ok(ops) => self.mark_instances_interrupted(&ops).await,
+            Ok(ops) => {
+                for op in &ops {
+                    crate::metrics::operation_ended(op, OperationStatus::Interrupted);
+                }
+                self.mark_instances_interrupted(&ops).await
+            }
             Err(e) => tracing::error!(error = %e, "could not mark operations interrupted"),
         }
     }

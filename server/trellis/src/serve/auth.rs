@@ -375,6 +375,7 @@ impl Caller {
     /// Allows `what` on instance `name` when the token's patterns cover it and its role is at
     /// least `need`; logs the decision either way.
     pub(crate) fn check(&self, name: &str, need: Role, what: &str) -> Result<(), Status> {
+        super::trace::note_instance(name);
         let Caller::Token(t) = self else {
             return Ok(());
         };
@@ -470,6 +471,7 @@ impl AuthLayer {
                 "the token is not valid on this engine",
             ));
         };
+        super::trace::note_caller(&entry.name);
         let caller = TokenCaller {
             name: entry.name.clone(),
             role: entry.role,

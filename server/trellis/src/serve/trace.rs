@@ -1,14 +1,22 @@
-//! A span per engine API request, so that every log line a request causes carries its method
-//! and request id, and the caller can find them.
+//! A span and a log line per engine API request.
+//!
+//! Every log line a request causes carries its method and request id (the span), and when the
+//! request is over one line says what happened: method, caller, instance, request id, gRPC
+//! code and duration (target `trellis::rpc`, docs/serve.md "Logs"). The caller is noted by the
+//! auth layer, the instance by the handler once it knows it ([`note_caller`],
+//! [`note_instance`]); both go into the span too, so the engine's own lines name them.
 //!
 //! The request id is the caller's `x-request-id` header when it sends a usable one (the CLI
 //! sends its operation's `request_id`), else a fresh `req_…` id; either way it comes back in
-//! the response's `x-request-id` header. The span covers the handler, not a streaming
-//! response's later messages (a watch outlives its request).
+//! the response's `x-request-id` header. The request is over when its response body is: a
+//! watch stream's line comes when the stream ends.
 
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use hyper::body::{Body, Frame, SizeHint};
 use tonic::codegen::http;
 use tracing::Instrument;
 
@@ -22,6 +30,30 @@ const ENGINE_PATH: &str = "/trellis.engine.v1.Engine/";
 /// The longest caller-chosen id kept; a longer one (or one with control characters) is
 /// replaced, so a caller cannot flood or forge log lines through it.
 const MAX_ID_LEN: usize = 128;
+
+/// What the layers and the handler learn about a request while it runs.
+#[derive(Debug, Default)]
+struct Notes {
+    caller: OnceLock<String>,
+    instance: OnceLock<String>,
+}
+
+tokio::task_local! {
+    /// The running request's notes: the handler runs inside the request's task.
+    static NOTES: Arc<Notes>;
+}
+
+/// The token name the request was authenticated with.
+pub(crate) fn note_caller(name: &str) {
+    let _ = NOTES.try_with(|n| n.caller.set(name.to_owned()));
+    tracing::Span::current().record("caller", name);
+}
+
+/// The instance the request is about (the first one named, for requests naming several).
+pub(crate) fn note_instance(name: &str) {
+    let _ = NOTES.try_with(|n| n.instance.set(name.to_owned()));
+    tracing::Span::current().record("instance", name);
+}
 
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct TraceLayer;
@@ -42,45 +74,174 @@ where
     S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
     S::Future: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = http::Response<LoggedBody<RB>>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.0.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        // Health checks and reflection are not engine requests: no span, no id.
+        // Health checks and reflection are not engine requests: no span, no id, no line.
         if !req.uri().path().starts_with(ENGINE_PATH) {
-            return Box::pin(self.0.call(req));
+            let call = self.0.call(req);
+            return Box::pin(async move {
+                Ok(call.await?.map(|inner| LoggedBody { inner, end: None }))
+            });
         }
         let id = request_id(req.headers());
+        let method = req.uri().path()[ENGINE_PATH.len()..].to_owned();
         let span = tracing::info_span!(
             "request",
-            method = %req.uri().path(),
+            method = %method,
             request_id = id.to_str().unwrap_or_default(),
+            caller = tracing::field::Empty,
+            instance = tracing::field::Empty,
         );
+        let notes = Arc::new(Notes::default());
         let started = Instant::now();
-        let call = span.in_scope(|| self.0.call(req));
+        // The auth layer decides inside `call`, the handler inside the future: both see the notes.
+        let call = span.in_scope(|| NOTES.sync_scope(notes.clone(), || self.0.call(req)));
+        let request_id = id.to_str().unwrap_or_default().to_owned();
         Box::pin(
-            async move {
-                let mut response = call.await?;
-                tracing::debug!(
-                    grpc_status = response
-                        .headers()
-                        .get("grpc-status")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("0"),
-                    ms = started.elapsed().as_millis() as u64,
-                    "request answered"
-                );
-                response.headers_mut().insert(REQUEST_ID_HEADER, id);
-                Ok(response)
-            }
-            .instrument(span),
+            NOTES
+                .scope(notes.clone(), async move {
+                    let mut end = RequestEnd {
+                        method,
+                        request_id,
+                        notes,
+                        started,
+                        code: None,
+                    };
+                    let mut response = match call.await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            end.code = Some(Code::TransportError);
+                            return Err(e);
+                        }
+                    };
+                    // A trailers-only response (an error before any message) has its status
+                    // in the headers; other responses in the trailers, seen by the body.
+                    end.code = grpc_status(response.headers()).map(Code::Grpc);
+                    response.headers_mut().insert(REQUEST_ID_HEADER, id);
+                    Ok(response.map(|inner| LoggedBody {
+                        inner,
+                        end: Some(end),
+                    }))
+                })
+                .instrument(span),
         )
     }
+}
+
+/// How a request ended, as far as the engine saw it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Code {
+    Grpc(i32),
+    /// The server failed before it had a response.
+    TransportError,
+}
+
+/// What the request's line says, written when the response body is dropped.
+#[derive(Debug)]
+struct RequestEnd {
+    method: String,
+    request_id: String,
+    notes: Arc<Notes>,
+    started: Instant,
+    code: Option<Code>,
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        // Without a status the response never finished: the client went away first.
+        let code = match self.code {
+            Some(Code::Grpc(c)) => code_name(c),
+            Some(Code::TransportError) => "TRANSPORT_ERROR",
+            None => "CANCELLED",
+        };
+        let caller = self.notes.caller.get().map_or("-", String::as_str);
+        let instance = self.notes.instance.get().map_or("-", String::as_str);
+        let ms = self.started.elapsed().as_millis() as u64;
+        // The engine's own failures stand out; a caller's mistakes are routine.
+        if matches!(
+            code,
+            "INTERNAL" | "UNKNOWN" | "DATA_LOSS" | "TRANSPORT_ERROR"
+        ) {
+            tracing::warn!(target: "trellis::rpc", method = %self.method, caller, instance,
+                request_id = %self.request_id, code, ms, "request");
+        } else {
+            tracing::info!(target: "trellis::rpc", method = %self.method, caller, instance,
+                request_id = %self.request_id, code, ms, "request");
+        }
+    }
+}
+
+/// A response body that watches for the gRPC status in the trailers and writes the request's
+/// line once the response is over (or abandoned).
+pub(crate) struct LoggedBody<B> {
+    inner: B,
+    end: Option<RequestEnd>,
+}
+
+impl<B: Body + Unpin> Body for LoggedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(f))), Some(end)) = (&frame, this.end.as_mut())
+            && let Some(code) = f.trailers_ref().and_then(grpc_status)
+        {
+            end.code = Some(Code::Grpc(code));
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn grpc_status(headers: &http::HeaderMap) -> Option<i32> {
+    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+/// The canonical name of a gRPC status code (`OK`, `NOT_FOUND`, …), as logs and metrics print it.
+pub(crate) fn code_name(code: i32) -> &'static str {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .copied()
+        .unwrap_or("UNKNOWN")
 }
 
 /// The caller's id when it is short printable ASCII without spaces, else a fresh one.
@@ -99,9 +260,10 @@ fn request_id(headers: &http::HeaderMap) -> http::HeaderValue {
 mod tests {
     use super::*;
     use std::convert::Infallible;
+    use std::sync::Mutex;
     use tower::{Layer, ServiceExt};
 
-    async fn answer(req: http::Request<()>) -> http::Response<()> {
+    async fn answer(req: http::Request<()>) -> http::Response<LoggedBody<()>> {
         let echo = tower::service_fn(|_: http::Request<()>| async {
             Ok::<_, Infallible>(http::Response::new(()))
         });
@@ -116,7 +278,7 @@ mod tests {
         b.body(()).unwrap()
     }
 
-    fn id_of(r: &http::Response<()>) -> String {
+    fn id_of<B>(r: &http::Response<B>) -> String {
         r.headers()[REQUEST_ID_HEADER].to_str().unwrap().to_owned()
     }
 
@@ -153,5 +315,115 @@ mod tests {
         let a = id_of(&answer(request(None)).await);
         let b = id_of(&answer(request(None)).await);
         assert_ne!(a, b);
+    }
+
+    /// One message, then the trailers with `grpc-status`, as tonic ends a unary response.
+    struct Unary(Vec<Frame<hyper::body::Bytes>>);
+
+    impl Body for Unary {
+        type Data = hyper::body::Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<hyper::body::Bytes>, Infallible>>> {
+            let frames = &mut self.get_mut().0;
+            Poll::Ready((!frames.is_empty()).then(|| Ok(frames.remove(0))))
+        }
+    }
+
+    fn unary(status: &str) -> Unary {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", status.parse().unwrap());
+        Unary(vec![
+            Frame::data(hyper::body::Bytes::from_static(b"message")),
+            Frame::trailers(trailers),
+        ])
+    }
+
+    /// The log lines written while `f` runs.
+    async fn logged<F: std::future::Future<Output = ()>>(f: F) -> String {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let out = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || out.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        f.await;
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// A service that notes its caller (as the auth layer does) and its instance (as a
+    /// handler does), then answers with `body`.
+    async fn call_noting<RB: Send + 'static>(body: RB) -> http::Response<LoggedBody<RB>> {
+        let mut body = Some(body);
+        let service = tower::service_fn(move |_: http::Request<()>| {
+            note_caller("ci-bot");
+            let body = body.take().unwrap();
+            async move {
+                note_instance("team-a/app");
+                Ok::<_, Infallible>(http::Response::new(body))
+            }
+        });
+        TraceLayer
+            .layer(service)
+            .oneshot(request(Some("ci-run-7")))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_ends_in_one_line_with_its_caller_instance_and_code() {
+        let line = logged(async {
+            let mut response = call_noting(unary("5")).await;
+            while let Some(frame) =
+                std::future::poll_fn(|cx| Pin::new(response.body_mut()).poll_frame(cx)).await
+            {
+                frame.unwrap();
+            }
+            drop(response);
+        })
+        .await;
+        assert_eq!(line.lines().count(), 1, "{line}");
+        for field in [
+            "method=GetInstance",
+            "caller=\"ci-bot\"",
+            "instance=\"team-a/app\"",
+            "request_id=ci-run-7",
+            "code=\"NOT_FOUND\"",
+            "ms=",
+        ] {
+            assert!(line.contains(field), "{field} not in {line}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_response_abandoned_before_its_status_is_cancelled() {
+        let line = logged(async {
+            drop(call_noting(unary("0")).await);
+        })
+        .await;
+        assert!(line.contains("code=\"CANCELLED\""), "{line}");
+    }
+
+    #[test]
+    fn code_names() {
+        assert_eq!(code_name(0), "OK");
+        assert_eq!(code_name(7), "PERMISSION_DENIED");
+        assert_eq!(code_name(16), "UNAUTHENTICATED");
+        assert_eq!(code_name(99), "UNKNOWN");
     }
 }

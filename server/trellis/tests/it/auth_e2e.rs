@@ -13,7 +13,12 @@ use serde_json::Value;
 const SIM: &str = "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      latencyMs: 0\n";
 
 /// `trellis token create`: the token it printed.
-fn create_token(tokens_file: &Path, name: &str, role: &str, instances: Option<&str>) -> String {
+pub(crate) fn create_token(
+    tokens_file: &Path,
+    name: &str,
+    role: &str,
+    instances: Option<&str>,
+) -> String {
     let mut c = Command::new(env!("CARGO_BIN_EXE_trellis"));
     c.args(["token", "create", "--name", name, "--role", role])
         .arg("--tokens-file")
@@ -46,7 +51,7 @@ fn start_with_auth(root: &Path) -> (Engine, PathBuf) {
 
 /// A client command as the holder of `token` (none: TRELLIS_TOKEN unset), `--format json`:
 /// its exit code and its JSON.
-fn as_token(engine: &Engine, token: Option<&str>, args: &[&str]) -> (i32, Value) {
+pub(crate) fn as_token(engine: &Engine, token: Option<&str>, args: &[&str]) -> (i32, Value) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_trellis"));
     c.args(args)
         .args(["--engine", &engine.addr, "--format", "json"])
