@@ -439,6 +439,11 @@ impl Engine {
         Ok(self.store.list_instances().await?)
     }
 
+    /// A consistent copy of the whole state (every instance), for `trellis backup`.
+    pub async fn backup(&self) -> Result<crate::state::StateBackup> {
+        Ok(self.store.backup().await?)
+    }
+
     /// The operation as recorded, or as it ended when the store has not accepted its end yet.
     pub async fn get_operation(&self, id: &str) -> Result<Operation> {
         if let Some(ended) = self.unrecorded.get(id) {

@@ -36,7 +36,7 @@ pub use error::{Conflict, Result, StateError};
 pub use model::*;
 pub use notify::{EventSubscription, Notifier};
 pub use retention::{RetentionTask, spawn_retention};
-pub use sqlite::{SqliteOptions, SqliteStore};
+pub use sqlite::{SqliteOptions, SqliteStore, StateBackup};
 
 /// The engine's state store. Object safe (`Arc<dyn StateStore>`); every method is a single
 /// transaction unless documented otherwise. Lists come back in insertion order.
@@ -131,6 +131,15 @@ pub trait StateStore: Send + Sync + 'static {
     /// Removes old events (each instance keeps its newest `keep_last_events`, and removal is
     /// always a prefix of the sequence) and old change sets that are not executing.
     async fn prune(&self, policy: &RetentionPolicy) -> Result<PruneReport>;
+
+    // ---- backup -------------------------------------------------------------------------------
+
+    /// A consistent copy of the whole state as it was at one moment, made while the store
+    /// keeps serving (writes are not held up). SQLite: a database file in the same format as
+    /// `state.db`, which becomes a data directory's `state.db` to restore it (docs/state.md).
+    /// A store that cannot copy itself (the PostgreSQL one, whose backups are `pg_dump`'s job)
+    /// answers an error saying so.
+    async fn backup(&self) -> Result<StateBackup>;
 
     // ---- provided on top of the above -------------------------------------------------------
 

@@ -13,6 +13,7 @@
 //! - Blocking calls run on tokio's blocking pool (`spawn_blocking`), never on async workers.
 //!   A call whose future is dropped still finishes its transaction (committed or not).
 
+mod backup;
 mod lock;
 mod marker;
 mod schema;
@@ -36,6 +37,7 @@ use super::error::{Conflict, Result, StateError};
 use super::model::*;
 use super::notify::{EventSubscription, Notifier};
 
+pub use backup::StateBackup;
 pub use lock::LOCK_FILE;
 pub use marker::MARKER_FILE;
 pub use schema::SCHEMA_VERSION;
@@ -115,6 +117,7 @@ impl SqliteStore {
             .map_err(|e| StateError::Io(format!("{}: {e}", dir.display())))?;
         // The lock comes first: nothing touches state.db unless this engine owns the directory.
         let lock = lock::DataDirLock::acquire(dir)?;
+        backup::remove_leftovers(dir)?;
         let db_path = dir.join(DB_FILE);
         let marker_path = dir.join(MARKER_FILE);
         let recorded = marker::read(&marker_path)?;
@@ -1848,6 +1851,11 @@ impl StateStore for SqliteStore {
 
     fn subscribe(&self, instance_id: &str) -> EventSubscription {
         self.inner.notifier.subscribe(instance_id)
+    }
+
+    async fn backup(&self) -> Result<StateBackup> {
+        let inner = self.inner.clone();
+        blocking(move || backup::copy(&inner)).await
     }
 
     async fn prune(&self, policy: &RetentionPolicy) -> Result<PruneReport> {

@@ -565,6 +565,7 @@ fn watch(
 ) -> WatchStream {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<api::WatchResponse, Status>>(256);
     tokio::spawn(async move {
+        let _open = super::metrics::watch_opened();
         let store = engine.store().clone();
         let mut seq = after_seq;
         let mut sub = store.subscribe(&instance_id);
@@ -657,6 +658,7 @@ impl api::engine_server::Engine for EngineApi {
     type ValidateStream = DiagStream;
     type WatchOperationStream = WatchStream;
     type WatchInstanceStream = WatchStream;
+    type BackupStream = BackupStream;
 
     async fn validate(
         &self,
@@ -952,6 +954,90 @@ impl api::engine_server::Engine for EngineApi {
             .await
             .map_err(status)?;
         self.encode_operation(op).await
+    }
+
+    async fn backup(
+        &self,
+        req: Request<api::BackupRequest>,
+    ) -> Result<Response<BackupStream>, Status> {
+        let caller = Caller::of(&req)?;
+        check_backup(&caller)?;
+        let backup = self.engine.backup().await.map_err(status)?;
+        tracing::info!(bytes = backup.size, "state backup taken");
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || send_backup(backup, tx));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+// ---- backup -----------------------------------------------------------------------------------
+
+type BackupStream = Pin<Box<dyn Stream<Item = Result<api::BackupChunk, Status>> + Send>>;
+
+/// Bytes per backup chunk: well under the message size limits of gRPC clients.
+const BACKUP_CHUNK: usize = 1024 * 1024;
+
+/// A backup copies every instance: a token limited to some instances may not take one, whatever
+/// its role (the layer has checked the role).
+fn check_backup(caller: &Caller) -> Result<(), Status> {
+    let Caller::Token(t) = caller else {
+        return Ok(());
+    };
+    if t.instances.iter().any(|p| p == "*") {
+        tracing::info!(token = %t.name, role = %t.role, action = "Backup", decision = "allowed", "authorization");
+        return Ok(());
+    }
+    let patterns = t.instances.join(", ");
+    tracing::warn!(token = %t.name, role = %t.role, patterns = %patterns, action = "Backup", decision = "denied", "authorization");
+    Err(Status::permission_denied(format!(
+        "token `{}` (role {}) is limited to instances `{patterns}`: Backup copies every instance \
+         and needs a token for `*`",
+        t.name, t.role
+    )))
+}
+
+/// Streams the copy in chunks, the last one with its SHA-256 (on the blocking pool: file
+/// reads). A client that goes away ends it; the copy's file goes with `backup`.
+fn send_backup(
+    backup: state::StateBackup,
+    tx: tokio::sync::mpsc::Sender<Result<api::BackupChunk, Status>>,
+) {
+    use std::io::Read;
+    let state::StateBackup {
+        mut file,
+        size,
+        sha256,
+    } = backup;
+    let mut sent = 0u64;
+    loop {
+        let mut buf = vec![0u8; BACKUP_CHUNK];
+        let mut n = 0;
+        while n < buf.len() {
+            match file.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(Status::internal(format!(
+                        "cannot read the state copy: {e}"
+                    ))));
+                    return;
+                }
+            }
+        }
+        buf.truncate(n);
+        sent += n as u64;
+        let last = n < BACKUP_CHUNK || sent >= size;
+        let chunk = api::BackupChunk {
+            data: buf,
+            total_bytes: size,
+            sha256: if last { sha256.clone() } else { String::new() },
+        };
+        if tx.blocking_send(Ok(chunk)).is_err() || last {
+            return;
+        }
     }
 }
 

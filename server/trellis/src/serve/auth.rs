@@ -80,7 +80,7 @@ impl fmt::Display for Role {
 /// here needs `admin` (so a new one is never open by mistake), and a unit test fails until it
 /// has its entry. Reading secret values (`reveal_secrets`) needs `admin` whatever the method:
 /// the handlers ask for it.
-pub(crate) const METHODS: [(&str, Role); 16] = [
+pub(crate) const METHODS: [(&str, Role); 17] = [
     ("Validate", Role::Planner),
     ("CreateChangeSet", Role::Planner),
     ("GetChangeSet", Role::Viewer),
@@ -97,6 +97,8 @@ pub(crate) const METHODS: [(&str, Role); 16] = [
     ("CancelOperation", Role::Deployer),
     ("CheckDrift", Role::Deployer),
     ("Reconcile", Role::Deployer),
+    // A copy of every instance's state, secrets included.
+    ("Backup", Role::Admin),
 ];
 
 /// The least role that may call engine method `method` (`GetInstance`).
@@ -651,6 +653,7 @@ mod tests {
             ("Destroy", Deployer),
             ("CancelOperation", Deployer),
             ("Reconcile", Deployer),
+            ("Backup", Admin),
             ("SomethingNew", Admin),
         ];
         for (m, r) in want {

@@ -39,6 +39,7 @@ const WATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const WATCH_RETRIES: u32 = 8;
 
 mod assets;
+mod backup;
 mod connect;
 mod render;
 mod watch;
@@ -46,6 +47,7 @@ mod watch;
 use connect::*;
 pub use connect::{Api, BearerToken, connect, connect_with_token};
 use render::*;
+pub use backup::BackupArgs;
 use watch::*;
 
 // ---- commands ---------------------------------------------------------------------------------
@@ -151,6 +153,18 @@ pub enum ClientCommand {
     /// Exit codes: 0 requested; 1 the engine refused (e.g. the operation already ended);
     /// 2 unknown operation, or the engine cannot be reached.
     Cancel(CancelArgs),
+    /// Copy the engine's whole state to FILE while the engine runs (needs an admin token for
+    /// every instance on an engine with authentication).
+    ///
+    /// The engine takes a consistent copy (SQLite's online backup: deploys go on meanwhile) and
+    /// sends it; FILE is written owner-only, checked against the engine's SHA-256, and appears
+    /// only when whole. To restore, stop the engine and put FILE in its data directory as
+    /// `state.db` (docs/state.md). --format json prints {"backup": {"file", "bytes",
+    /// "sha256"}}.
+    ///
+    /// Exit codes: 0 written; 1 the copy did not arrive whole (FILE untouched); 2 FILE cannot
+    /// be written, the token may not take backups, or the engine cannot be reached.
+    Backup(BackupArgs),
 }
 
 /// Where the engine is and how to print; shared by every client command.
@@ -363,6 +377,7 @@ impl ClientCommand {
             Self::Drift(a) => &a.engine,
             Self::Reconcile(a) => &a.engine,
             Self::Cancel(a) => &a.engine,
+            Self::Backup(a) => &a.engine,
         }
     }
 }
@@ -421,6 +436,7 @@ async fn dispatch(command: ClientCommand) -> Result<u8, Failure> {
         ClientCommand::Drift(a) => drift(&mut client, &a).await,
         ClientCommand::Reconcile(a) => reconcile(&mut client, &a).await,
         ClientCommand::Cancel(a) => cancel(&mut client, &a).await,
+        ClientCommand::Backup(a) => backup::backup(&mut client, &a).await,
     }
 }
 
