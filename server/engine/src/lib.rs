@@ -20,6 +20,7 @@ pub mod drift;
 pub mod exec;
 mod idempotency;
 pub mod links;
+pub mod metrics;
 pub mod names;
 mod operations;
 mod paths;

@@ -27,6 +27,7 @@ use trellis_proto::plugin::v1::transformer_client::TransformerClient as RawTrans
 
 use super::config::CallKind;
 use super::error::{AppError, PluginError};
+use super::metrics;
 use super::supervisor::{Instance, Slot};
 
 use super::values;
@@ -47,24 +48,32 @@ pub struct CallOptions {
 /// Requests that carry a `CallContext`.
 pub trait WithContext {
     fn context_mut(&mut self) -> &mut pb::CallContext;
+    /// The resource type the call is about, if any (a metrics label).
+    fn resource_type(&self) -> &str {
+        ""
+    }
 }
 
 macro_rules! with_context {
-    ($($t:ty),*) => {$(
+    ($($t:ty $(=> |$r:ident| $ty:expr)?),* $(,)?) => {$(
         impl WithContext for $t {
             fn context_mut(&mut self) -> &mut pb::CallContext {
                 self.context.get_or_insert_with(Default::default)
             }
+            $(fn resource_type(&self) -> &str {
+                let $r = self;
+                $ty
+            })?
         }
     )*};
 }
 with_context!(
     pb::ValidateConfigRequest,
-    pb::ValidateResourceRequest,
-    pb::PlanResourceRequest,
-    pb::ApplyResourceRequest,
-    pb::DestroyResourceRequest,
-    pb::ReadResourceRequest,
+    pb::ValidateResourceRequest => |r| &r.resource_type,
+    pb::PlanResourceRequest => |r| &r.resource_type,
+    pb::ApplyResourceRequest => |r| &r.resource_type,
+    pb::DestroyResourceRequest => |r| r.current.as_ref().map_or("", |c| &c.resource_type),
+    pb::ReadResourceRequest => |r| r.current.as_ref().map_or("", |c| &c.resource_type),
     pb::FetchDataSourceRequest,
     pb::CallFunctionRequest,
     pb::CustomVariableOptionsRequest,
@@ -236,7 +245,34 @@ impl Caller {
         self.slot.shared.config.max_message_bytes
     }
 
+    /// Every call to a plugin goes through here: [`Caller::call_counted`], measured.
     async fn call<Req, Resp, F, Fut>(
+        &self,
+        kind: CallKind,
+        label: String,
+        opts: &CallOptions,
+        req: Req,
+        capability: Option<Capability>,
+        f: F,
+    ) -> Result<Resp, PluginError>
+    where
+        Req: WithContext + Clone,
+        Resp: AppResult,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Resp, Fail>>,
+    {
+        let started = Instant::now();
+        let ty = self.slot.type_label(req.resource_type());
+        let call = metrics::call_name(&label).to_owned();
+        let result = self
+            .call_counted(kind, label, opts, req, capability, f)
+            .await;
+        let outcome = metrics::outcome(&result);
+        metrics::call_ended(self.name(), &ty, &call, outcome, started.elapsed());
+        result
+    }
+
+    async fn call_counted<Req, Resp, F, Fut>(
         &self,
         kind: CallKind,
         label: String,

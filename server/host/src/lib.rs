@@ -38,6 +38,7 @@ mod discovery;
 mod error;
 mod host_service;
 mod manifest_cache;
+pub mod metrics;
 mod plugin_log;
 mod process;
 mod supervisor;

@@ -26,6 +26,7 @@ use super::discovery::PluginBinary;
 use super::error::{ExitInfo, PluginError};
 use super::host_service::{AuthRegistry, Caller, HostServiceHandle, LockTable};
 use super::manifest_cache::{Fingerprint, ManifestCache};
+use super::metrics;
 use super::process::{self, MAX_LINE_BYTES, Process, lock};
 use super::util::{describe_exit, read_line_bounded};
 use trellis_ids::random_hex;
@@ -239,6 +240,21 @@ impl Slot {
         &self.binary.name
     }
 
+    /// `ty` as a metrics label: kept when the plugin's manifest (in memory) declares it, else
+    /// `other`, so no request can grow the set of labels; empty for a call about no resource.
+    pub(crate) fn type_label(&self, ty: &str) -> String {
+        if ty.is_empty() {
+            return String::new();
+        }
+        let declared = lock(&self.manifest).as_ref().is_some_and(|(_, m)| {
+            m.resource_types
+                .iter()
+                .chain(&m.abstract_resource_types)
+                .any(|d| d.r#type == ty)
+        });
+        if declared { ty } else { "other" }.to_owned()
+    }
+
     /// The live instance, if any (never launches).
     pub(crate) fn live(&self) -> Option<Arc<Instance>> {
         lock(&self.current)
@@ -381,6 +397,7 @@ impl Slot {
             // Half-open: one launch may try.
             h.open_until = None;
             h.half_open = true;
+            metrics::breaker(&self.binary.name, metrics::Breaker::HalfOpen);
             tracing::info!(plugin = %self.binary.name, "circuit breaker half-open: trying one start");
             return Ok(Duration::ZERO);
         }
@@ -429,6 +446,7 @@ impl Slot {
         {
             h.half_open = false;
             h.open_until = Some(now + cfg.breaker.cooldown);
+            metrics::breaker(&self.binary.name, metrics::Breaker::Open);
             tracing::error!(
                 plugin = %self.binary.name,
                 failures = h.failures.len(),
@@ -450,9 +468,11 @@ impl Slot {
                 {
                     let mut h = lock(&self.health);
                     h.launches += 1;
+                    metrics::started(&self.binary.name, h.launches);
                     if h.half_open {
                         h.half_open = false;
                         h.failures.clear();
+                        metrics::breaker(&self.binary.name, metrics::Breaker::Closed);
                         tracing::info!(plugin = %self.binary.name, "circuit breaker closed");
                     }
                 }
@@ -479,6 +499,7 @@ impl Slot {
         lock(&self.health).last_exit = Some(info.status.clone());
         if was_live && !info.expected {
             lock(&self.health).crashes += 1;
+            metrics::crashed(&self.binary.name);
             let mut msg = format!("pid {} exited unexpectedly: {}", info.pid, info.status);
             if let Some(last) = info.stderr_tail.last() {
                 msg.push_str(&format!(" (last stderr line: {last})"));

@@ -22,6 +22,7 @@ mod clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 mod error;
+pub mod metrics;
 mod model;
 mod notify;
 mod retention;

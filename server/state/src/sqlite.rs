@@ -316,19 +316,24 @@ fn drain(inner: &Inner) {
             }
             std::mem::take(&mut *q)
         };
+        let started = std::time::Instant::now();
         let (delivers, appended, committed) = run_batch(&mut conn, inner, batch);
+        crate::metrics::commit_took(started.elapsed());
         for d in delivers {
             d(committed.clone());
         }
         if committed.is_ok() {
-            for (instance_id, last_seq) in appended {
+            for (instance_id, last_seq, events) in appended {
+                crate::metrics::events_written(events);
                 inner.notifier.notify(&instance_id, last_seq);
             }
         }
     }
 }
 
-type BatchOutcome = (Vec<Deliver>, Vec<(String, u64)>, Result<()>);
+/// What a batch delivers, what it appended (instance, last sequence number, events) and
+/// whether it committed.
+type BatchOutcome = (Vec<Deliver>, Vec<(String, u64, usize)>, Result<()>);
 
 fn run_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Job>) -> BatchOutcome {
     let mut delivers = Vec::with_capacity(batch.len());
@@ -789,7 +794,8 @@ fn list<T>(
 struct Tx<'a> {
     tx: &'a Transaction<'a>,
     now: Timestamp,
-    appended: Vec<(String, u64)>,
+    /// Per append: the instance, its new last sequence number and how many events.
+    appended: Vec<(String, u64, usize)>,
 }
 
 impl Tx<'_> {
@@ -843,7 +849,8 @@ impl Tx<'_> {
         self.tx
             .prepare_cached("UPDATE instances SET last_seq = ?2 WHERE id = ?1")?
             .execute(params![instance_id, to_i64(new_last)])?;
-        self.appended.push((instance_id.to_owned(), new_last));
+        self.appended
+            .push((instance_id.to_owned(), new_last, events.len()));
         Ok((last + 1, new_last))
     }
 

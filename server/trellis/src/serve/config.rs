@@ -159,6 +159,10 @@ pub struct ServeArgs {
     /// them off (default 60s).
     #[arg(long, value_name = "SECONDS", env = "TRELLIS_TCP_KEEPALIVE", value_parser = parse_duration)]
     pub tcp_keepalive: Option<Duration>,
+    /// Serve Prometheus metrics over HTTP at `http://ADDR/metrics` (`HOST:PORT`; port 0 picks a
+    /// free port, printed at startup). Off unless given.
+    #[arg(long, value_name = "ADDR", env = "TRELLIS_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// Serve without authentication on a non-loopback address (no `[auth]` in the config
     /// file). Anyone who can reach the port can deploy and read secrets; a warning is logged
     /// at every start. Only a flag: no environment variable or config key turns it on.
@@ -201,6 +205,8 @@ pub struct ServeConfig {
     pub auth: Option<AuthSettings>,
     /// `--insecure-no-auth`: no `[auth]`, on purpose, whatever the address.
     pub insecure_no_auth: bool,
+    /// `--metrics-listen`: where `/metrics` is served over HTTP; `None`: not served.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The `[auth]` table, checked.
@@ -332,6 +338,8 @@ struct FileSettings {
     http2_keepalive_timeout: Option<FileDuration>,
     #[serde(alias = "tcp_keepalive")]
     tcp_keepalive: Option<FileDuration>,
+    #[serde(alias = "metrics_listen")]
+    metrics_listen: Option<String>,
     /// `[providers.<namespace>]`: provider configuration (serve/providers.rs).
     providers: Option<toml::Table>,
     /// `[injectors."<type>"]`: property injectors.
@@ -458,6 +466,14 @@ impl ServeArgs {
                 parse_listen(&text, origin.base(&cwd)).map_err(|e| origin.error("listen", e))?
             }
             None => Listen::Tcp(DEFAULT_LISTEN.parse().expect("valid default address")),
+        };
+
+        let metrics_listen = match layer(self.metrics_listen, settings.metrics_listen, file) {
+            Some((text, origin)) => Some(
+                parse_metrics_listen(&text, origin.base(&cwd))
+                    .map_err(|e| origin.error("metrics-listen", e))?,
+            ),
+            None => None,
         };
 
         let (data_dir, origin) = layer_or(
@@ -704,6 +720,7 @@ impl ServeArgs {
         Ok(ServeConfig {
             auth,
             insecure_no_auth: self.insecure_no_auth,
+            metrics_listen,
             settings: engine_settings,
             listen,
             data_dir,
@@ -903,6 +920,17 @@ fn parse_listen(text: &str, base: &Path) -> Result<Listen, String> {
             .map(Listen::Tcp)
             .ok_or_else(|| format!("`{text}` resolves to no address")),
         Err(e) => Err(format!("`{text}`: {e}; {expected}")),
+    }
+}
+
+/// `HOST:PORT` only: Prometheus scrapes over TCP.
+fn parse_metrics_listen(text: &str, base: &Path) -> Result<SocketAddr, String> {
+    match parse_listen(text, base)? {
+        Listen::Tcp(addr) => Ok(addr),
+        Listen::Unix(_) => Err(format!(
+            "`{}`: expected HOST:PORT (like 127.0.0.1:9325); metrics are served over TCP",
+            text.trim()
+        )),
     }
 }
 

@@ -11,6 +11,7 @@ mod conns;
 mod decode_status;
 mod listen;
 mod logging;
+mod metrics;
 mod providers;
 mod trace;
 
@@ -218,6 +219,16 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         Some(_) => format!("https://{}", bound.display()),
         None => bound.display(),
     };
+    if let Some(addr) = config.metrics_listen {
+        let listener = metrics::bind(addr).await?;
+        let bound = listener.local_addr().map_err(|e| format!("metrics: {e}"))?;
+        if !addr.ip().is_loopback() {
+            tracing::warn!(address = %bound, "metrics are served on a non-loopback address without authentication: they hold no secrets but show the engine's activity (docs/serve.md, \"Metrics\")");
+        }
+        metrics::serve(listener);
+        // Printed before the engine's line, which tests read last.
+        println!("trellis metrics listening on http://{bound}");
+    }
     // Tests and scripts read this line to learn the address (port 0 picks a free one).
     println!("trellis engine listening on {address}");
     tracing::info!(address = %address, data_dir = %config.data_dir.display(), "engine started");
@@ -244,6 +255,8 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         .http2_keepalive_interval(conn_settings.http2_keepalive_interval)
         .http2_keepalive_timeout(Some(conn_settings.http2_keepalive_timeout))
         .layer(trace::TraceLayer)
+        // Outside auth and the status fix: counts refusals, and the codes clients see.
+        .layer(metrics::RpcMetricsLayer)
         .layer(conns::ActivityLayer)
         .layer(tower::util::MapResponseLayer::new(
             decode_status::fix_response,

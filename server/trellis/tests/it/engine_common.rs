@@ -145,9 +145,14 @@ impl EngineBuilder {
             })
         });
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut metrics = None;
         let addr = loop {
             match lines.next() {
                 Some(Ok(line)) => {
+                    // `--metrics-listen`: printed before the engine's line.
+                    if let Some(a) = line.strip_prefix("trellis metrics listening on http://") {
+                        metrics = Some(a.trim().to_owned());
+                    }
                     if let Some(a) = line.strip_prefix("trellis engine listening on ") {
                         break a.trim().to_owned();
                     }
@@ -164,6 +169,7 @@ impl EngineBuilder {
         Engine {
             child,
             addr,
+            metrics,
             cwd: self.cwd,
             plugins,
             data,
@@ -177,6 +183,8 @@ pub(crate) struct Engine {
     child: Child,
     /// As the engine printed it: `127.0.0.1:PORT`, or `https://127.0.0.1:PORT` with TLS.
     pub addr: String,
+    /// With `--metrics-listen`: the metrics address as the engine printed it (`127.0.0.1:PORT`).
+    pub metrics: Option<String>,
     /// Where the engine and the CLI run.
     pub cwd: PathBuf,
     pub plugins: PathBuf,

@@ -28,6 +28,7 @@ mod limits_e2e;
 mod link_drift_e2e;
 mod links_e2e;
 mod logs_e2e;
+mod metrics_e2e;
 mod plugins_cli;
 mod secrets_e2e;
 mod serve_e2e;
