@@ -21,11 +21,12 @@ struct OperationLabels {
 
 static OPERATIONS: LazyLock<Family<OperationLabels, Counter>> = LazyLock::new(Family::default);
 
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
 /// From 10 ms to about 30 min.
-static OPERATION_SECONDS: LazyLock<Family<OperationLabels, Histogram, fn() -> Histogram>> =
-    LazyLock::new(|| {
-        Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 3.0, 12)))
-    });
+static OPERATION_SECONDS: LazyLock<Histograms<OperationLabels>> = LazyLock::new(|| {
+    Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 3.0, 12)))
+});
 
 /// `op` ended as `status` (succeeded, failed, cancelled or interrupted). Its duration runs from
 /// its acceptance to now.

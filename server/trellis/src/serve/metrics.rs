@@ -40,28 +40,6 @@ const OTHER_METHODS: [&str; 3] = [
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
 ];
 
-/// gRPC status codes by number, by their names in the gRPC specification (as the CLI and the
-/// request logs spell them).
-const CODES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
-
 /// Scrapers served at once; more wait for a slot.
 const MAX_CONNECTIONS: usize = 16;
 /// A scraper must send its request headers within this.
@@ -101,8 +79,10 @@ struct MethodLabel {
 
 static RPCS: LazyLock<Family<RpcLabels, Counter>> = LazyLock::new(Family::default);
 
+type HistogramMaker = fn() -> Histogram;
+
 /// From 0.5 ms to about 90 s.
-static RPC_SECONDS: LazyLock<Family<MethodLabel, Histogram, fn() -> Histogram>> =
+static RPC_SECONDS: LazyLock<Family<MethodLabel, Histogram, HistogramMaker>> =
     LazyLock::new(|| {
         Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 3.0, 12)))
     });
@@ -119,9 +99,9 @@ fn method_label(path: &str) -> &'static str {
 fn code_label(value: Option<&http::HeaderValue>) -> &'static str {
     let code = value
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
+        .and_then(|v| v.parse::<i32>().ok())
         .unwrap_or(2);
-    CODES.get(code).copied().unwrap_or("UNKNOWN")
+    super::trace::code_name(code)
 }
 
 fn count_rpc(method: &'static str, code: &'static str) {
