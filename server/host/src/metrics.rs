@@ -115,6 +115,8 @@ pub(crate) fn started(plugin: &str, launches: u64) {
         plugin: plugin.to_owned(),
     };
     STARTS.get_or_create(&label).inc();
+    // The breaker's series exists from the first start (closed, 0), not from its first change.
+    drop(BREAKER.get_or_create(&label));
     if launches > 1 {
         RESTARTS.get_or_create(&label).inc();
     }
@@ -173,6 +175,32 @@ pub fn register(registry: &mut Registry) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn label(plugin: &str) -> PluginLabel {
+        PluginLabel {
+            plugin: plugin.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_start_after_the_first_is_a_restart_and_the_breaker_shows_from_the_first() {
+        // A plugin name no other test uses: the metrics are process-wide.
+        let p = "metrics-test-plugin";
+        started(p, 1);
+        assert_eq!(STARTS.get_or_create(&label(p)).get(), 1);
+        assert_eq!(RESTARTS.get_or_create(&label(p)).get(), 0);
+        assert_eq!(BREAKER.get(&label(p)).map(|g| g.get()), Some(0));
+        breaker(p, Breaker::Open);
+        assert_eq!(BREAKER.get_or_create(&label(p)).get(), 1);
+        started(p, 2);
+        assert_eq!(STARTS.get_or_create(&label(p)).get(), 2);
+        assert_eq!(RESTARTS.get_or_create(&label(p)).get(), 1);
+        assert_eq!(
+            BREAKER.get_or_create(&label(p)).get(),
+            1,
+            "a start leaves the breaker as it is"
+        );
+    }
 
     #[test]
     fn call_names_drop_what_follows_the_rpc() {
