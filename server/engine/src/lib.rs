@@ -32,10 +32,12 @@ pub mod remote;
 pub mod settings;
 pub mod state_values;
 pub mod tls;
+mod waiting;
 
 use child_runs::*;
 use idempotency::*;
 pub use operations::Finish;
+pub use waiting::{Queued, Wait};
 // The crates below the engine, under the names their modules had when they were one crate.
 use trellis_host as plugins;
 #[cfg(test)]
@@ -213,6 +215,8 @@ pub struct Engine {
     /// again. One entry: a large blueprint's evaluation is big.
     last_planned: Mutex<Option<LastPlanned>>,
     draining: AtomicBool,
+    /// Requests waiting for their turn on a busy instance (`--wait`), per instance.
+    queues: waiting::Queues,
     /// One lock per request id being started: a concurrent retry of a request waits until the
     /// first has recorded its operation, then gets that operation instead of a lease refusal.
     starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -243,6 +247,7 @@ impl Engine {
             finished: tokio::sync::Notify::new(),
             last_planned: Mutex::new(None),
             draining: AtomicBool::new(false),
+            queues: waiting::Queues::default(),
             starting: Mutex::new(HashMap::new()),
             rt,
         })

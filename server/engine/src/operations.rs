@@ -54,6 +54,20 @@ impl Finish {
     }
 }
 
+/// What identifies an execute request (besides its id); how long it may wait is not part of it.
+pub(crate) fn execute_digest(change_set_id: &str, rollback_on_failure: bool) -> String {
+    trellis_ids::digest(&[
+        "execute",
+        change_set_id,
+        if rollback_on_failure { "rollback" } else { "" },
+    ])
+}
+
+/// What identifies a destroy request.
+pub(crate) fn destroy_digest(instance: &str) -> String {
+    trellis_ids::digest(&["destroy", instance])
+}
+
 impl Engine {
     pub(crate) async fn lease(&self, instance_id: &str) -> Result<Lease> {
         Ok(self
@@ -146,11 +160,7 @@ impl Engine {
         change_set_id: &str,
         rollback_on_failure: bool,
     ) -> Result<Operation> {
-        let request_digest = trellis_ids::digest(&[
-            "execute",
-            change_set_id,
-            if rollback_on_failure { "rollback" } else { "" },
-        ]);
+        let request_digest = execute_digest(change_set_id, rollback_on_failure);
         self.once(
             request_id,
             &request_digest,
@@ -164,7 +174,7 @@ impl Engine {
         .await
     }
 
-    async fn start_execute(
+    pub(crate) async fn start_execute(
         self: &Arc<Self>,
         request_id: &str,
         request_digest: &str,
@@ -238,7 +248,7 @@ impl Engine {
 
     /// Starts destroying an instance.
     pub async fn destroy(self: &Arc<Self>, request_id: &str, instance: &str) -> Result<Operation> {
-        let request_digest = trellis_ids::digest(&["destroy", instance]);
+        let request_digest = destroy_digest(instance);
         self.once(
             request_id,
             &request_digest,
@@ -247,7 +257,7 @@ impl Engine {
         .await
     }
 
-    async fn start_destroy(
+    pub(crate) async fn start_destroy(
         self: &Arc<Self>,
         request_id: &str,
         request_digest: &str,

@@ -62,6 +62,7 @@ impl Engine {
     /// call starts) and get [`STOP_GRACE`] to reach it; what is left is marked interrupted.
     pub async fn drain(&self, timeout: Duration) {
         self.draining.store(true, Ordering::SeqCst);
+        self.queues.close();
         let deadline = tokio::time::Instant::now() + timeout;
         if !self.wait_idle(deadline).await {
             let left = self.running.len();

@@ -373,6 +373,38 @@ fn instance_summary(i: &state::Instance) -> api::Instance {
         created_at_unix_ms: i.created_at.as_millis(),
         updated_at_unix_ms: i.updated_at.as_millis(),
         environment: instance_environment(&i.environment),
+        queued: vec![],
+    }
+}
+
+/// The requests waiting for their turn on an instance.
+fn queued(list: Vec<crate::engine::Queued>) -> Vec<api::QueuedOperation> {
+    list.into_iter()
+        .map(|q| api::QueuedOperation {
+            kind: operation_kind(q.kind) as i32,
+            request_id: q.request_id,
+            caller: q.caller,
+            change_set_id: q.change_set_id.unwrap_or_default(),
+            since_unix_ms: q.since_ms,
+        })
+        .collect()
+}
+
+/// How long a request may wait for its turn (absent: not at all).
+fn wait(w: Option<api::Wait>) -> crate::engine::Wait {
+    use crate::engine::Wait;
+    match w {
+        None => Wait::No,
+        Some(api::Wait { timeout_ms: 0 }) => Wait::Forever,
+        Some(api::Wait { timeout_ms }) => Wait::Up(Duration::from_millis(timeout_ms)),
+    }
+}
+
+/// Who a queued request belongs to, as `Instance.queued` shows it.
+fn caller_name(caller: &Caller) -> String {
+    match caller {
+        Caller::Open => String::new(),
+        Caller::Token(t) => t.name.clone(),
     }
 }
 
@@ -467,16 +499,20 @@ pub(super) fn instance(s: &state::InstanceState, reveal: bool) -> api::Instance 
     out
 }
 
+fn operation_kind(kind: OperationKind) -> api::OperationKind {
+    match kind {
+        OperationKind::Deploy => api::OperationKind::Deploy,
+        OperationKind::Destroy => api::OperationKind::Destroy,
+        OperationKind::Reconcile => api::OperationKind::Reconcile,
+    }
+}
+
 fn operation(op: &state::Operation, instance_name: &str, start_seq: u64) -> api::Operation {
     api::Operation {
         id: op.id.clone(),
         instance: instance_name.to_owned(),
         instance_id: op.instance_id.clone(),
-        kind: match op.kind {
-            OperationKind::Deploy => api::OperationKind::Deploy,
-            OperationKind::Destroy => api::OperationKind::Destroy,
-            OperationKind::Reconcile => api::OperationKind::Reconcile,
-        } as i32,
+        kind: operation_kind(op.kind) as i32,
         status: match op.status {
             OperationStatus::Pending => api::OperationStatus::Pending,
             OperationStatus::Running => api::OperationStatus::Running,
@@ -758,7 +794,13 @@ impl api::engine_server::Engine for EngineApi {
         }
         let op = self
             .engine
-            .execute(&r.request_id, &r.change_set_id, r.rollback_on_failure)
+            .execute_waiting(
+                &r.request_id,
+                &r.change_set_id,
+                r.rollback_on_failure,
+                &caller_name(&caller),
+                wait(r.wait),
+            )
             .await
             .map_err(status)?;
         self.encode_operation(op).await
@@ -773,7 +815,12 @@ impl api::engine_server::Engine for EngineApi {
         caller.check(&r.instance, Role::Deployer, "Destroy")?;
         let op = self
             .engine
-            .destroy(&r.request_id, &r.instance)
+            .destroy_waiting(
+                &r.request_id,
+                &r.instance,
+                &caller_name(&caller),
+                wait(r.wait),
+            )
             .await
             .map_err(status)?;
         self.encode_operation(op).await
@@ -791,7 +838,9 @@ impl api::engine_server::Engine for EngineApi {
             .get_instance(&r.instance)
             .await
             .map_err(status)?;
-        Ok(Response::new(instance(&s, r.reveal_secrets)))
+        let mut out = instance(&s, r.reveal_secrets);
+        out.queued = queued(self.engine.queued(&s.instance.id));
+        Ok(Response::new(out))
     }
 
     async fn list_instances(

@@ -622,6 +622,7 @@ mod watch {
                 request_id: "watch-test-1".into(),
                 change_set_id: cs.id.clone(),
                 rollback_on_failure: false,
+                wait: None,
             })
             .await
             .unwrap()
@@ -632,6 +633,7 @@ mod watch {
                 request_id: "watch-test-1".into(),
                 change_set_id: cs.id.clone(),
                 rollback_on_failure: false,
+                wait: None,
             })
             .await
             .unwrap()
@@ -642,6 +644,7 @@ mod watch {
             .destroy(api::DestroyRequest {
                 request_id: "watch-test-1".into(),
                 instance: "w".into(),
+                wait: None,
             })
             .await
             .unwrap_err();

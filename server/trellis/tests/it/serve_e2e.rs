@@ -34,6 +34,7 @@ fn execute(rt: &tokio::runtime::Runtime, addr: &str, change_set: &str) -> api::O
                 request_id: format!("exec-{change_set}"),
                 change_set_id: change_set.to_owned(),
                 rollback_on_failure: false,
+                wait: None,
             })
             .await
             .unwrap()
@@ -196,6 +197,7 @@ fn a_draining_engine_refuses_new_mutations_and_still_answers_retries() {
         let r = rt.block_on(api.destroy(api::DestroyRequest {
             request_id: format!("destroy-while-draining-{attempt}"),
             instance: "q".into(),
+            wait: None,
         }));
         match r {
             Err(s) if s.code() == tonic::Code::Unavailable => break s,
@@ -223,6 +225,7 @@ fn a_draining_engine_refuses_new_mutations_and_still_answers_retries() {
             request_id: format!("exec-{cs}"),
             change_set_id: cs.clone(),
             rollback_on_failure: false,
+            wait: None,
         }))
         .unwrap()
         .into_inner();
@@ -436,6 +439,7 @@ fn identical_requests_arriving_together_get_one_operation() {
                 request_id: "deploy-once".into(),
                 change_set_id: cs.clone(),
                 rollback_on_failure: false,
+                wait: None,
             };
             tokio::spawn(async move { client(&addr).await.execute_change_set(request).await })
         });
@@ -467,6 +471,7 @@ fn identical_requests_arriving_together_get_one_operation() {
                     .destroy(api::DestroyRequest {
                         request_id: "destroy-once".into(),
                         instance: "r".into(),
+                        wait: None,
                     })
                     .await
             })

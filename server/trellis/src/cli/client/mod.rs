@@ -42,12 +42,13 @@ mod assets;
 mod backup;
 mod connect;
 mod render;
+mod wait;
 mod watch;
 
+pub use backup::BackupArgs;
 use connect::*;
 pub use connect::{Api, BearerToken, connect, connect_with_token};
 use render::*;
-pub use backup::BackupArgs;
 use watch::*;
 
 // ---- commands ---------------------------------------------------------------------------------
@@ -253,6 +254,12 @@ pub struct DeployArgs {
     /// On failure, return the instance to its state before this deploy.
     #[arg(long)]
     pub rollback_on_failure: bool,
+    /// When another operation holds the instance, wait for it (and for the requests that
+    /// waited before this one, in order) instead of failing; `--wait=DURATION` (`90s`, `10m`,
+    /// `1h`) gives up after that long, bare `--wait` waits as long as it takes.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true,
+          default_missing_value = wait::FOREVER, value_parser = wait::parse)]
+    pub wait: Option<wait::WaitFor>,
     #[command(flatten)]
     pub request: RequestIdArgs,
     #[command(flatten)]
@@ -264,6 +271,12 @@ pub struct DestroyArgs {
     /// The instance to destroy.
     #[arg(long, value_name = "NAME")]
     pub instance: String,
+    /// When another operation holds the instance, wait for it (and for the requests that
+    /// waited before this one, in order) instead of failing; `--wait=DURATION` (`90s`, `10m`,
+    /// `1h`) gives up after that long, bare `--wait` waits as long as it takes.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true,
+          default_missing_value = wait::FOREVER, value_parser = wait::parse)]
+    pub wait: Option<wait::WaitFor>,
     #[command(flatten)]
     pub request: RequestIdArgs,
     #[command(flatten)]
@@ -537,7 +550,15 @@ async fn deploy(
     let mut planned = None;
     let operation = match (&args.change_set, source, &args.instance) {
         (Some(change_set_id), _, _) => {
-            execute(client, &request_id, change_set_id, args.rollback_on_failure).await?
+            let waiting = Waiting::new(args.wait, None);
+            execute(
+                client,
+                &request_id,
+                change_set_id,
+                args.rollback_on_failure,
+                &waiting,
+            )
+            .await?
         }
         (None, Some(source), Some(instance)) => {
             // A retry of `deploy FILE` must not plan and deploy a second time: when the first
@@ -558,28 +579,63 @@ async fn deploy(
                 let sent = sent_files(&source);
                 let inputs = crate::cli::inputs::resolve(&args.inputs, &args.vars)
                     .map_err(Failure::usage)?;
-                let cs = create_change_set(client, &request_id, instance, source, &inputs).await?;
-                if format == OutputFormat::Text {
-                    if is_invalid(&cs) {
-                        emit(&invalid_plan_text(&cs, &sent))?;
-                    } else {
-                        emit(&plan_text(&cs, false))?;
+                let waiting = Waiting::new(args.wait, Some(instance.clone()));
+                let mut plan_id = request_id.clone();
+                let mut round = 0;
+                loop {
+                    let cs = create_change_set(client, &plan_id, instance, source.clone(), &inputs)
+                        .await?;
+                    if format == OutputFormat::Text {
+                        if is_invalid(&cs) {
+                            emit(&invalid_plan_text(&cs, &sent))?;
+                        } else {
+                            emit(&plan_text(&cs, false))?;
+                        }
+                    }
+                    if plan_exit_code(&cs) != 0 {
+                        if format == OutputFormat::Json {
+                            let doc = json!({
+                                "operation": null,
+                                "changeSet": change_set_json(&cs),
+                                "events": 0,
+                            });
+                            emit_json(&doc)?;
+                        }
+                        return Ok(1);
+                    }
+                    match execute(
+                        client,
+                        &request_id,
+                        &cs.id,
+                        args.rollback_on_failure,
+                        &waiting,
+                    )
+                    .await
+                    {
+                        Ok(op) => {
+                            planned = Some(cs);
+                            break op;
+                        }
+                        // What this deploy waited behind changed the instance: its plan is
+                        // stale, and the file is planned again against the state now (a new
+                        // plan request id: the first one names the stale change set).
+                        Err(f)
+                            if args.wait.is_some()
+                                && f.code == "FAILED_PRECONDITION"
+                                && round < MAX_REPLANS =>
+                        {
+                            round += 1;
+                            plan_id = format!("{request_id}.replan{round}");
+                            eprintln!(
+                                "the instance changed while this deploy waited (change set {} \
+                                 can no longer run): planning {FILE} again",
+                                cs.id,
+                                FILE = args.file.as_deref().unwrap_or("the blueprint")
+                            );
+                        }
+                        Err(f) => return Err(f),
                     }
                 }
-                if plan_exit_code(&cs) != 0 {
-                    if format == OutputFormat::Json {
-                        let doc = json!({
-                            "operation": null,
-                            "changeSet": change_set_json(&cs),
-                            "events": 0,
-                        });
-                        emit_json(&doc)?;
-                    }
-                    return Ok(1);
-                }
-                let op = execute(client, &request_id, &cs.id, args.rollback_on_failure).await?;
-                planned = Some(cs);
-                op
             }
         }
         // clap requires FILE and --instance together unless --change-set is given.
@@ -602,22 +658,84 @@ async fn deploy(
     follow_operation(client, operation, watch, format).await
 }
 
+/// Plans a `deploy FILE --wait` makes again when what it waited behind made its plan stale;
+/// each stale plan means another operation finished first.
+const MAX_REPLANS: u32 = 10;
+
+/// A command's `--wait`: how long, counted from the command's start.
+struct Waiting {
+    wait: Option<wait::WaitFor>,
+    since: Instant,
+    instance: Option<String>,
+}
+
+impl Waiting {
+    fn new(wait: Option<wait::WaitFor>, instance: Option<String>) -> Waiting {
+        Waiting {
+            wait,
+            since: Instant::now(),
+            instance,
+        }
+    }
+
+    /// What the request carries; `Err` when a deadline is used up already.
+    fn request(&self) -> Result<Option<pb::Wait>, Failure> {
+        match self.wait {
+            None => Ok(None),
+            Some(w) => wait::remaining(w, self.since).map(Some).ok_or_else(|| {
+                Failure::new(
+                    1,
+                    "ABORTED",
+                    format!(
+                        "the instance stayed busy: --wait's time ran out (waited {}s)",
+                        self.since.elapsed().as_secs()
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+/// Sends `call` (a request that may wait for its turn); while it waits, says where it stands.
+async fn waiting_call<T>(
+    client: &Client,
+    waiting: &Waiting,
+    change_set_id: Option<&str>,
+    request_id: &str,
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    if waiting.wait.is_none() {
+        return call.await;
+    }
+    let announce = wait::announce(
+        client.api.clone(),
+        waiting.instance.clone(),
+        change_set_id.map(str::to_owned),
+        request_id.to_owned(),
+    );
+    tokio::pin!(call);
+    tokio::select! {
+        r = &mut call => r,
+        () = announce => call.await,
+    }
+}
+
 async fn execute(
     client: &mut Client,
     request_id: &str,
     change_set_id: &str,
     rollback_on_failure: bool,
+    waiting: &Waiting,
 ) -> Result<pb::Operation, Failure> {
     let request = pb::ExecuteChangeSetRequest {
         request_id: request_id.to_owned(),
         change_set_id: change_set_id.to_owned(),
         rollback_on_failure,
+        wait: waiting.request()?,
     };
-    match client
-        .api
-        .execute_change_set(traced(request_id, request))
-        .await
-    {
+    let mut api = client.api.clone();
+    let call = api.execute_change_set(traced(request_id, request));
+    match waiting_call(client, waiting, Some(change_set_id), request_id, call).await {
         Ok(r) => Ok(r.into_inner()),
         Err(s) => Err(client.fail(s)),
     }
@@ -671,11 +789,15 @@ async fn destroy(client: &mut Client, args: &DestroyArgs) -> Result<u8, Failure>
     // The engine announces how many resources go in the operation's first event, which sizes
     // the progress line (reading the whole instance for it would cost as much as a plan).
     let request_id = args.request.resolve();
+    let waiting = Waiting::new(args.wait, Some(args.instance.clone()));
     let request = pb::DestroyRequest {
         request_id: request_id.clone(),
         instance: args.instance.clone(),
+        wait: waiting.request()?,
     };
-    let op = match client.api.destroy(traced(&request_id, request)).await {
+    let mut api = client.api.clone();
+    let call = api.destroy(traced(&request_id, request));
+    let op = match waiting_call(client, &waiting, None, &request_id, call).await {
         Ok(r) => r.into_inner(),
         Err(s) => return Err(client.fail(s)),
     };
@@ -959,7 +1081,7 @@ pub fn status_failure(status: &tonic::Status, engine: &str) -> Failure {
         Code::Aborted => (
             1,
             format!(
-                "{} (another operation holds the instance: wait for it, or stop it with \
+                "{} (another operation holds the instance: wait for it (--wait), or stop it with \
                  `trellis cancel`)",
                 with_default("aborted")
             ),

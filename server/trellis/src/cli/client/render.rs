@@ -149,6 +149,18 @@ pub(super) fn instance_json(inst: &pb::Instance) -> Json {
             "digest": e.digest,
             "providers": value_json(e.providers.as_ref()),
         })),
+        "queued": inst.queued.iter().map(queued_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A request waiting for its turn on the instance (`--wait`).
+fn queued_json(q: &pb::QueuedOperation) -> Json {
+    json!({
+        "kind": short(q.kind().as_str_name(), "OPERATION_KIND"),
+        "requestId": q.request_id,
+        "caller": opt_str(&q.caller),
+        "changeSetId": opt_str(&q.change_set_id),
+        "since": q.since_unix_ms,
     })
 }
 
@@ -906,6 +918,28 @@ pub(super) fn instance_text(inst: &pb::Instance) -> String {
                 .map_or_else(|| "null".to_owned(), value_text);
             out.push_str(&format!("  {} = {}\n", e.name, value));
         }
+    }
+    if !inst.queued.is_empty() {
+        out.push_str("\nWaiting for their turn (first first):\n");
+        let rows: Vec<Vec<String>> = inst
+            .queued
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                vec![
+                    (i + 1).to_string(),
+                    short(q.kind().as_str_name(), "OPERATION_KIND").to_ascii_lowercase(),
+                    q.request_id.clone(),
+                    if q.caller.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        q.caller.clone()
+                    },
+                    rfc3339(q.since_unix_ms, false),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["#", "KIND", "REQUEST", "CALLER", "SINCE"], &rows));
     }
     out
 }

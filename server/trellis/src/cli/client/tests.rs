@@ -209,6 +209,13 @@ fn instance_json_shape() {
                 map(&[("root", s("/srv")), ("token", secret())]),
             )])),
         }),
+        queued: vec![pb::QueuedOperation {
+            kind: pb::OperationKind::Deploy as i32,
+            request_id: "req-2".into(),
+            caller: "ci".into(),
+            change_set_id: "cs_9".into(),
+            since_unix_ms: 0,
+        }],
     };
     assert_eq!(
         instance_json(&inst),
@@ -242,9 +249,20 @@ fn instance_json_shape() {
                 "digest": "sha256:ab",
                 "providers": {"local": {"root": "/srv", "token": {"sensitive": true}}},
             },
+            "queued": [{
+                "kind": "DEPLOY",
+                "requestId": "req-2",
+                "caller": "ci",
+                "changeSetId": "cs_9",
+                "since": 0,
+            }],
         })
     );
     let text = instance_text(&inst);
+    assert!(
+        text.contains("Waiting for their turn") && text.contains("req-2") && text.contains("ci"),
+        "{text}"
+    );
     assert!(text.contains("Status:  DEPLOYED"), "{text}");
     assert!(text.contains("Environment: dev sha256:ab"), "{text}");
     assert!(
@@ -704,7 +722,12 @@ type Stream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::WatchResponse, 
 #[derive(Default)]
 struct FakeEngine {
     watches: Arc<Mutex<Vec<u64>>>,
+    /// Backup: send a SHA-256 that is not the content's.
+    damaged_backup: bool,
 }
+
+/// What the fake's backup sends, in two chunks.
+const BACKUP: [&[u8]; 2] = [b"SQLite format 3\0", b"the rest of the pages"];
 
 fn unimplemented<T>() -> Result<Response<T>, Status> {
     Err(Status::unimplemented("not in the fake"))
@@ -716,6 +739,34 @@ impl Engine for FakeEngine {
         Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Diagnostic, Status>> + Send>>;
     type WatchOperationStream = Stream;
     type WatchInstanceStream = Stream;
+    type BackupStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BackupChunk, Status>> + Send>>;
+
+    async fn backup(
+        &self,
+        _: Request<pb::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        let whole = BACKUP.concat();
+        let sha256 = if self.damaged_backup {
+            trellis_ids::sha256_hex(b"something else")
+        } else {
+            trellis_ids::sha256_hex(&whole)
+        };
+        let total_bytes = whole.len() as u64;
+        let chunks = vec![
+            Ok(pb::BackupChunk {
+                data: BACKUP[0].to_vec(),
+                total_bytes,
+                sha256: String::new(),
+            }),
+            Ok(pb::BackupChunk {
+                data: BACKUP[1].to_vec(),
+                total_bytes,
+                sha256,
+            }),
+        ];
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+    }
 
     async fn validate(
         &self,
@@ -981,4 +1032,71 @@ error: the blueprint is invalid: 2 errors, 0 warnings; nothing was planned
         "capped at the line's end"
     );
     assert_eq!(text_offset("ab", 3, 1), None);
+}
+
+/// The fake engine on a free port, and a client of it.
+async fn fake_client(fake: FakeEngine) -> Client {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(EngineServer::new(fake))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    Client {
+        api: connect_with(&addr, None, BearerToken::default())
+            .await
+            .unwrap(),
+        engine: addr,
+    }
+}
+
+#[tokio::test]
+async fn a_backup_is_written_whole_owner_only_or_not_at_all() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("trellis-cli-backup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("state.bak");
+    let args = BackupArgs {
+        file: file.clone(),
+        engine: EngineArgs {
+            engine: String::new(),
+            ca_cert: None,
+            token_file: None,
+            format: OutputFormat::Json,
+        },
+    };
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+
+    let mut client = fake_client(FakeEngine::default()).await;
+    assert_eq!(backup::backup(&mut client, &args).await, Ok(0));
+    assert_eq!(std::fs::read(&file).unwrap(), BACKUP.concat());
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+    assert_eq!(names(), ["state.bak"]);
+
+    // A copy that does not match the engine's checksum never replaces the file.
+    let mut client = fake_client(FakeEngine {
+        damaged_backup: true,
+        ..FakeEngine::default()
+    })
+    .await;
+    std::fs::write(&file, b"the older backup").unwrap();
+    let failure = backup::backup(&mut client, &args).await.unwrap_err();
+    assert_eq!((failure.exit, failure.code.as_str()), (1, "DATA_LOSS"));
+    assert!(
+        failure.message.contains("did not arrive whole"),
+        "{failure}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"the older backup");
+    assert_eq!(names(), ["state.bak"]);
+    let _ = std::fs::remove_dir_all(&dir);
 }
