@@ -1196,6 +1196,32 @@ listen = "unix:run/engine.sock"
     }
 
     #[test]
+    fn metrics_listen_is_off_unless_given_and_tcp_only() {
+        assert_eq!(ServeArgs::default().resolve().unwrap().metrics_listen, None);
+        let dir = TestDir::new("metrics-listen");
+        let path = write_config(&dir, "metrics-listen = \"127.0.0.1:9325\"\n");
+        let config = with_config(&path).resolve().unwrap();
+        assert_eq!(
+            config.metrics_listen,
+            Some("127.0.0.1:9325".parse().unwrap())
+        );
+        // The flag (or its environment variable) beats the file.
+        let config = ServeArgs {
+            metrics_listen: Some("127.0.0.1:0".into()),
+            ..with_config(&path)
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(config.metrics_listen, Some("127.0.0.1:0".parse().unwrap()));
+        let path = write_config(&dir, "metrics_listen = \"unix:m.sock\"\n");
+        let err = resolve_err(with_config(&path));
+        assert!(
+            err.starts_with("`metrics-listen` in ") && err.contains("expected HOST:PORT"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn flag_errors_name_the_flag_and_env() {
         let err = resolve_err(ServeArgs {
             max_parallel: Some(0),

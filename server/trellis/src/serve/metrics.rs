@@ -425,10 +425,22 @@ mod tests {
 
     #[test]
     fn the_registry_encodes() {
+        // A family shows once it has a series.
+        drop(RPCS.get_or_create(&RpcLabels {
+            method: OTHER,
+            code: "UNIMPLEMENTED",
+        }));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry()).unwrap();
         assert!(text.contains("# TYPE trellis_rpcs counter"), "{text}");
-        assert!(text.contains("# TYPE trellis_operations counter"), "{text}");
+        assert!(
+            text.contains("\ntrellis_rpcs_total{method=\"other\",code=\"UNIMPLEMENTED\"} "),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE trellis_watch_streams_open gauge"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }
