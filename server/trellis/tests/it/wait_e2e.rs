@@ -162,3 +162,108 @@ fn deploys_with_wait_run_one_after_the_other() {
     );
     assert_eq!(inst["queued"], serde_json::json!([]), "{inst}");
 }
+
+/// A waiting request runs `args` (`--format json`) in the background.
+fn spawn_cli(engine: &Engine, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(args)
+        .args(["--format", "json", "--engine", &engine.addr])
+        .current_dir(&engine.cwd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Polls `trellis instance` until its queue's request ids are `want`.
+fn await_queue(engine: &Engine, instance: &str, want: &[&str]) {
+    let limit = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let inst = engine.instance(instance);
+        let ids: Vec<&str> = inst["queued"]
+            .as_array()
+            .map(|q| q.iter().filter_map(|e| e["requestId"].as_str()).collect())
+            .unwrap_or_default();
+        if ids == want {
+            return;
+        }
+        assert!(
+            Instant::now() < limit,
+            "the queue never became {want:?}: {inst}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_waiter_whose_client_goes_leaves_the_queue_and_a_drain_ends_the_wait() {
+    let root = TempDir::new("wait-leave");
+    // Held for a minute: the test ends it by draining the engine.
+    write(
+        &root.join("held.yaml"),
+        &SLOW.replace("latencyMs: 8000", "latencyMs: 60000"),
+    );
+    let mut engine = Engine::builder(root.path())
+        .args(&["--drain-timeout", "1s"])
+        .start();
+    let mut held = cli_in_background(
+        &engine,
+        &["deploy", "held.yaml", "--instance", "h"],
+        "h",
+        "resource.create_requested",
+    );
+
+    // Two waiters, in order; the first one's client goes away: it leaves, the other stays.
+    let mut gone = spawn_cli(
+        &engine,
+        &[
+            "destroy",
+            "--instance",
+            "h",
+            "--wait",
+            "--request-id",
+            "req-gone",
+        ],
+    );
+    await_queue(&engine, "h", &["req-gone"]);
+    let stays = spawn_cli(
+        &engine,
+        &[
+            "destroy",
+            "--instance",
+            "h",
+            "--wait",
+            "--request-id",
+            "req-stays",
+        ],
+    );
+    await_queue(&engine, "h", &["req-gone", "req-stays"]);
+    gone.kill().unwrap();
+    gone.wait().unwrap();
+    await_queue(&engine, "h", &["req-stays"]);
+
+    // The engine drains: the waiting request is answered without starting anything.
+    assert!(engine.terminate().is_some(), "the engine did not stop");
+    let out = stays.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", all_output(&out));
+    let v = json_of(&out);
+    assert_eq!(v["error"]["code"], "UNREACHABLE", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("shutting down") && message.contains("did not start"),
+        "{message}"
+    );
+    let _ = held.kill();
+    let _ = held.wait();
+
+    // Neither destroy ran: the only operation recorded is the held deploy.
+    let restarted = Engine::builder(root.path()).start();
+    let started: Vec<Value> = restarted
+        .events("h")
+        .into_iter()
+        .filter(|(kind, _)| kind == "operation.started")
+        .map(|(_, payload)| payload)
+        .collect();
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0]["kind"], "deploy", "{started:?}");
+}
