@@ -293,11 +293,21 @@ impl Engine {
             return Ok(None);
         }
         // A little after expiry, so the store agrees it expired (a heartbeat may extend it).
-        Ok(Some(
-            Instant::now() + Duration::from_millis(left as u64) + Duration::from_millis(50),
-        ))
+        let expiry =
+            Instant::now() + Duration::from_millis(left as u64) + Duration::from_millis(50);
+        // Held by this engine: an operation's end commits (and wakes the waiter), but a request
+        // that took the lease and was then refused (a stale change set) gives it back without
+        // an event, so look again soon rather than at expiry.
+        if holder.owner == self.config.owner {
+            return Ok(Some(expiry.min(Instant::now() + OWN_LEASE_RECHECK)));
+        }
+        Ok(Some(expiry))
     }
 }
+
+/// How often the front of a queue looks again at a lease this engine holds (see
+/// [`Engine::lease_free_at`]).
+const OWN_LEASE_RECHECK: Duration = Duration::from_secs(1);
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
