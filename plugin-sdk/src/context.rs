@@ -24,6 +24,7 @@ use crate::value::Value;
 #[derive(Clone, Debug)]
 pub struct Context {
     call_id: String,
+    request_id: String,
     instance_id: String,
     idempotency_key: String,
     config: Value,
@@ -39,6 +40,7 @@ impl Context {
     pub fn new(config: impl Into<Value>) -> Context {
         Context {
             call_id: String::new(),
+            request_id: String::new(),
             instance_id: String::new(),
             idempotency_key: String::new(),
             config: config.into(),
@@ -60,6 +62,7 @@ impl Context {
             .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms)));
         Context {
             call_id: call.call_id,
+            request_id: call.request_id,
             instance_id: call.instance_id,
             idempotency_key: call.idempotency_key,
             config: call.provider_config.map_or(Value::Null, Value::from),
@@ -103,6 +106,12 @@ impl Context {
     /// Unique per call; in logs and for Cancel.
     pub fn call_id(&self) -> &str {
         &self.call_id
+    }
+
+    /// The engine API request this call serves (empty when none): the engine's request and
+    /// operation log lines carry the same id. The SDK puts it in every line a call logs.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
     }
 
     /// The blueprint instance the call is made for.

@@ -145,7 +145,8 @@ async fn guarded<T>(
     method: &'static str,
     fut: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    let span = tracing::info_span!("call", method, id = %ctx.call_id());
+    let span =
+        tracing::info_span!("call", method, id = %ctx.call_id(), request_id = %ctx.request_id());
     async move {
         let started = Instant::now();
         tracing::debug!("started");

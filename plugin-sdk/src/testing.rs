@@ -213,6 +213,7 @@ impl Harness {
             idempotency_key: format!("harness-key-{n}"),
             deadline_unix_ms: 0,
             local_assets: Default::default(),
+            request_id: String::new(),
         }
     }
 

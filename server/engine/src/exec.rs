@@ -122,7 +122,10 @@ impl RunContext {
 }
 
 fn target(ctx: &RunContext, r: &Resource) -> Target {
-    target_of(&ctx.operation.instance_id, &ctx.configs(), r)
+    Target {
+        request_id: ctx.operation.request_id.clone(),
+        ..target_of(&ctx.operation.instance_id, &ctx.configs(), r)
+    }
 }
 
 fn new_target(ctx: &RunContext, name: &str, ty: &str) -> Target {
@@ -134,6 +137,7 @@ fn new_target(ctx: &RunContext, name: &str, ty: &str) -> Target {
         current_spec: None,
         current_state: None,
         configs: ctx.configs(),
+        request_id: ctx.operation.request_id.clone(),
     }
 }
 
@@ -1454,6 +1458,7 @@ pub fn target_of(instance_id: &str, configs: &ProviderConfigs, r: &Resource) -> 
         current_spec: Some(r.spec.clone()),
         current_state: r.state.clone(),
         configs: configs.clone(),
+        request_id: String::new(),
     }
 }
 

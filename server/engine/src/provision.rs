@@ -23,6 +23,8 @@ pub struct Target {
     pub current_state: Option<Json>,
     /// The provider config of the run, by namespace.
     pub configs: ProviderConfigs,
+    /// The request that started the operation (empty outside one), for the plugin's logs.
+    pub request_id: String,
 }
 
 /// A provider call's success: the external id and computed state.
@@ -241,6 +243,7 @@ fn options(target: &Target, namespace: &str, key: &str) -> CallOptions {
         idempotency_key: (!key.is_empty()).then(|| key.to_owned()),
         instance_id: target.instance_id.clone(),
         provider_config: target.configs.get(namespace),
+        request_id: (!target.request_id.is_empty()).then(|| target.request_id.clone()),
         ..CallOptions::default()
     }
 }

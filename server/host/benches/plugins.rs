@@ -139,6 +139,7 @@ fn echo_req_with_context(n: u64) -> tonic::Request<pb::CallFunctionRequest> {
             idempotency_key: format!("key-{n}"),
             deadline_unix_ms: ms,
             local_assets: Default::default(),
+            request_id: String::new(),
         }),
         name: "echo".into(),
         args: vec![values::string("ping")],

@@ -43,6 +43,8 @@ pub struct CallOptions {
     pub instance_id: String,
     /// The provider configuration sent with the call.
     pub provider_config: Option<pb::Value>,
+    /// The engine API request the call serves, for the plugin's logs.
+    pub request_id: Option<String>,
 }
 
 /// Requests that carry a `CallContext`.
@@ -301,6 +303,9 @@ impl Caller {
             ctx.deadline_unix_ms = deadline_unix_ms;
             if !opts.instance_id.is_empty() {
                 ctx.instance_id = opts.instance_id.clone();
+            }
+            if let Some(id) = &opts.request_id {
+                ctx.request_id = id.clone();
             }
             // A call made without a request's config (a plugin calling another's function
             // through the host, the CLI) still carries the engine's settings for a provider.

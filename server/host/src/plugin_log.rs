@@ -35,7 +35,10 @@ impl Structured {
             Some(Value::Object(f)) => f,
             _ => Map::new(),
         };
-        let message = match object.remove("message").or_else(|| fields.remove("message"))? {
+        let message = match object
+            .remove("message")
+            .or_else(|| fields.remove("message"))?
+        {
             Value::String(m) => m,
             other => other.to_string(),
         };

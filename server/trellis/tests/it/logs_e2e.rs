@@ -29,7 +29,9 @@ fn requests_operations_and_plugin_lines_are_structured() {
     write(&root.join("sim.yaml"), SIM);
     let engine = Engine::builder(root.path())
         .args(&["--config", root.join("trellis.toml").to_str().unwrap()])
-        .env("TRELLIS_LOG_LEVEL", "info")
+        // The SDK logs each call's end at debug; the engine keeps a plugin's level.
+        .env("TRELLIS_LOG_LEVEL", "info,trellis::plugin=debug")
+        .env("TRELLIS_PLUGIN_LOG", "info,trellis_plugin_sdk=debug")
         .capture_stderr()
         .start();
 
@@ -103,8 +105,18 @@ fn requests_operations_and_plugin_lines_are_structured() {
         .filter(|v| field(v, "plugin") == "sim")
         .collect();
     assert!(!sim.is_empty(), "{plugin:#?}");
-    for line in sim {
-        assert!(!field(line, "message").contains('{'), "{line}");
+    for line in &sim {
+        // Not the plugin's JSON object as text.
+        assert!(!field(line, "message").starts_with('{'), "{line}");
         assert!(!field(line, "plugin_target").is_empty(), "{line}");
     }
+    // The deploy's provider call names the request that started the operation.
+    let apply = sim
+        .iter()
+        .find(|v| field(v, "fields").contains("method=ApplyResource"))
+        .unwrap_or_else(|| panic!("no ApplyResource line: {sim:#?}"));
+    assert!(
+        field(apply, "fields").contains(&format!("request_id={request_id}")),
+        "{apply}"
+    );
 }
