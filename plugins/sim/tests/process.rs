@@ -280,9 +280,13 @@ async fn sigterm_lets_in_flight_calls_finish() {
     assert!(!p.socket.exists(), "the socket is removed");
     // The call finished by itself during the grace: it was neither cancelled
     // nor held up by the idle connection.
+    // Launched as the engine launches it, the plugin logs JSON lines.
     let stderr = p.stderr();
     assert!(
-        stderr.contains("shutting down (Signal(\"SIGTERM\")) in_flight=1"),
+        stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|v| v["message"] == "shutting down (Signal(\"SIGTERM\"))" && v["in_flight"] == 1),
         "{stderr}"
     );
     assert!(!stderr.contains("cancelling calls"), "{stderr}");
