@@ -265,9 +265,11 @@ impl Engine {
                         format!("another operation is running on the instance, and {ahead} \
                                  request(s) were ahead of this one")
                     });
+                    // The timer may fire a tick before the deadline; the wait was the limit.
+                    let waited_for = began.elapsed().max(limit.unwrap_or_default());
                     return Err(EngineError::Aborted(format!(
                         "{why} (waited {})",
-                        waited(began.elapsed())
+                        waited(waited_for)
                     )));
                 }
                 _ = self.queues.closed.cancelled() => {
