@@ -282,6 +282,42 @@ pub(crate) fn create_token(
     Ok(token)
 }
 
+/// Removes the token named `name` from the tokens file and returns its entry. The file is
+/// written again whole (owner-only, beside it, then renamed over it: a crash leaves the old
+/// file or the new one, never half of one), so comments in it are not kept.
+pub(crate) fn revoke_token(path: &Path, name: &str) -> Result<TokenEntry, String> {
+    use std::io::Write;
+    let mut file = TokensFile::read(path)?;
+    let i = file
+        .token
+        .iter()
+        .position(|t| t.name == name.trim())
+        .ok_or_else(|| format!("tokens file {} has no token named `{name}`", path.display()))?;
+    let revoked = file.token.remove(i);
+    let text: Vec<String> = file.token.iter().map(entry_toml).collect();
+    let tmp = path.with_file_name(format!(
+        ".{}.{}",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("tokens"),
+        trellis_ids::random_hex(6)
+    ));
+    let write = || -> std::io::Result<()> {
+        let mut options = std::fs::OpenOptions::new();
+        options.create_new(true).write(true);
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut out = options.open(&tmp)?;
+        out.write_all(text.join("\n").as_bytes())?;
+        out.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write tokens file {}: {e}", path.display())
+    })?;
+    Ok(revoked)
+}
+
 /// One `[[token]]` table. Strings are written as JSON strings, whose escapes TOML's basic
 /// strings share.
 fn entry_toml(entry: &TokenEntry) -> String {
@@ -776,8 +812,20 @@ mod tests {
         assert!(store.current().find(&second).is_none());
         assert_eq!(store.reload(), Ok(2));
         assert_eq!(store.current().find(&second).unwrap().instances, ["*"]);
+        let unknown = revoke_token(store.path(), "nobody").unwrap_err();
+        assert!(unknown.contains("no token named `nobody`"), "{unknown}");
+        assert_eq!(revoke_token(store.path(), "a").unwrap().name, "a");
+        assert_eq!(store.reload(), Ok(1));
+        assert!(store.current().find(&secrets[0]).is_none(), "revoked");
+        assert!(store.current().find(&second).is_some(), "the others stay");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(store.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "owner-only after the rewrite");
         std::fs::write(store.path(), "[[token]]\nname = \"x\"\n").unwrap();
         assert!(store.reload().is_err());
-        assert_eq!(store.len(), 2, "a bad file leaves the tokens in force");
+        assert_eq!(store.len(), 1, "a bad file leaves the tokens in force");
     }
 }

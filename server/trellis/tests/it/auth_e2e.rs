@@ -282,10 +282,10 @@ fn roles_and_instance_patterns_are_enforced() {
 }
 
 #[test]
-fn sighup_loads_a_new_token() {
+fn sighup_loads_a_new_token_and_a_revocation() {
     let root = TempDir::new("auth-sighup");
     let tokens = root.join("tokens.toml");
-    create_token(&tokens, "first", "viewer", None);
+    let first = create_token(&tokens, "first", "viewer", None);
     let (engine, _) = start_with_auth(root.path());
     let second = create_token(&tokens, "second", "viewer", None);
     let (_, v) = as_token(&engine, Some(&second), &["instances"]);
@@ -296,9 +296,10 @@ fn sighup_loads_a_new_token() {
     );
 
     // SAFETY: signalling the engine process this test started.
-    unsafe {
+    let hup = || unsafe {
         libc::kill(engine.pid() as i32, libc::SIGHUP);
-    }
+    };
+    hup();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (code, v) = as_token(&engine, Some(&second), &["instances"]);
@@ -308,6 +309,48 @@ fn sighup_loads_a_new_token() {
         assert!(Instant::now() < deadline, "the new token never worked: {v}");
         std::thread::sleep(Duration::from_millis(100));
     }
+
+    // Revoked by name: listed no more, and refused once the engine reloads.
+    let token_cmd = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .arg("token")
+            .args(args)
+            .arg("--tokens-file")
+            .arg(&tokens)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    token_cmd(&["revoke", "--name", "first"]);
+    let listed: Value = serde_json::from_str(&token_cmd(&["list", "--format", "json"])).unwrap();
+    let names: Vec<&str> = listed["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["second"], "{listed}");
+    assert!(!token_cmd(&["list"]).contains(&trellis_ids::sha256_hex(second.as_bytes())));
+    assert_eq!(
+        as_token(&engine, Some(&first), &["instances"]).0,
+        0,
+        "before SIGHUP"
+    );
+    hup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = as_token(&engine, Some(&first), &["instances"]);
+        if error_of(&v).0 == "UNAUTHENTICATED" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the revoked token still works: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(as_token(&engine, Some(&second), &["instances"]).0, 0);
     let (_, logs) = engine.stop();
     assert!(logs.contains("tokens reloaded"), "{logs}");
 }

@@ -41,7 +41,7 @@ const WATCH_RETRIES: u32 = 8;
 mod assets;
 mod backup;
 mod connect;
-mod render;
+pub(crate) mod render;
 mod wait;
 mod watch;
 
