@@ -31,6 +31,8 @@ pub struct PluginContext<'a> {
     pub ask_providers: bool,
     /// The provider config every call of this request or run is sent, by namespace.
     pub configs: ProviderConfigs,
+    /// The engine API request the calls serve, sent for the plugins' logs.
+    pub request_id: Option<String>,
 }
 
 impl<'a> PluginContext<'a> {
@@ -51,6 +53,7 @@ impl<'a> PluginContext<'a> {
             manifests: Manifests::with_unavailable(ok, unavailable),
             ask_providers: true,
             configs: ProviderConfigs::default(),
+            request_id: None,
         }
     }
 
@@ -62,6 +65,7 @@ impl<'a> PluginContext<'a> {
             manifests: self.manifests.clone(),
             ask_providers: self.ask_providers,
             configs,
+            request_id: self.request_id.clone(),
         }
     }
 
@@ -69,6 +73,7 @@ impl<'a> PluginContext<'a> {
     fn options(&self, name: &str) -> CallOptions {
         CallOptions {
             provider_config: self.configs.get(name),
+            request_id: self.request_id.clone(),
             ..CallOptions::default()
         }
     }

@@ -328,14 +328,19 @@ impl Engine {
     }
 
     /// Runs `f` on a blocking thread with plugin access (validation and provider functions
-    /// block on the engine's runtime).
+    /// block on the engine's runtime), in the request's span, its plugin calls carrying the
+    /// request's id ([`serving_request`]).
     async fn with_plugins<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&Engine, &PluginContext<'_>) -> T + Send + 'static,
     ) -> Result<T> {
         let this = self.clone();
+        let span = tracing::Span::current();
+        let request_id = REQUEST_ID.try_with(Clone::clone).ok();
         tokio::task::spawn_blocking(move || {
-            let plugins = PluginContext::load(&this.host, this.rt.clone());
+            let _entered = span.enter();
+            let mut plugins = PluginContext::load(&this.host, this.rt.clone());
+            plugins.request_id = request_id;
             f(&this, &plugins)
         })
         .await
@@ -580,4 +585,16 @@ impl DriftReport {
     pub fn drifted(&self) -> bool {
         !self.resources.is_empty()
     }
+}
+
+tokio::task_local! {
+    /// The engine API request being served, set by the server around each request.
+    static REQUEST_ID: String;
+}
+
+/// Runs `fut`, the work of engine API request `request_id`: the plugin calls it makes while
+/// validating and planning carry the id (`CallContext.request_id`); an operation's calls carry
+/// the id of the request that started it.
+pub async fn serving_request<F: std::future::Future>(request_id: String, fut: F) -> F::Output {
+    REQUEST_ID.scope(request_id, fut).await
 }

@@ -422,6 +422,7 @@ impl Engine {
                     let _entered = thread_span.enter();
                     let mut plugins = PluginContext::load(&runner.host, runner.rt.clone());
                     plugins.ask_providers = false;
+                    plugins.request_id = Some(run_ctx.operation.request_id.clone());
                     body(&runner, &run_ctx, &plugins)
                 })
                 .await

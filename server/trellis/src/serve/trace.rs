@@ -104,32 +104,36 @@ where
         // The auth layer decides inside `call`, the handler inside the future: both see the notes.
         let call = span.in_scope(|| NOTES.sync_scope(notes.clone(), || self.0.call(req)));
         let request_id = id.to_str().unwrap_or_default().to_owned();
+        let engine_request_id = request_id.clone();
         Box::pin(
             NOTES
-                .scope(notes.clone(), async move {
-                    let mut end = RequestEnd {
-                        method,
-                        request_id,
-                        notes,
-                        started,
-                        code: None,
-                    };
-                    let mut response = match call.await {
-                        Ok(r) => r,
-                        Err(e) => {
-                            end.code = Some(Code::TransportError);
-                            return Err(e);
-                        }
-                    };
-                    // A trailers-only response (an error before any message) has its status
-                    // in the headers; other responses in the trailers, seen by the body.
-                    end.code = grpc_status(response.headers()).map(Code::Grpc);
-                    response.headers_mut().insert(REQUEST_ID_HEADER, id);
-                    Ok(response.map(|inner| LoggedBody {
-                        inner,
-                        end: Some(end),
-                    }))
-                })
+                .scope(
+                    notes.clone(),
+                    crate::engine::serving_request(engine_request_id, async move {
+                        let mut end = RequestEnd {
+                            method,
+                            request_id,
+                            notes,
+                            started,
+                            code: None,
+                        };
+                        let mut response = match call.await {
+                            Ok(r) => r,
+                            Err(e) => {
+                                end.code = Some(Code::TransportError);
+                                return Err(e);
+                            }
+                        };
+                        // A trailers-only response (an error before any message) has its status
+                        // in the headers; other responses in the trailers, seen by the body.
+                        end.code = grpc_status(response.headers()).map(Code::Grpc);
+                        response.headers_mut().insert(REQUEST_ID_HEADER, id);
+                        Ok(response.map(|inner| LoggedBody {
+                            inner,
+                            end: Some(end),
+                        }))
+                    }),
+                )
                 .instrument(span),
         )
     }

@@ -119,4 +119,18 @@ fn requests_operations_and_plugin_lines_are_structured() {
         field(apply, "fields").contains(&format!("request_id={request_id}")),
         "{apply}"
     );
+    // So do the plan's: the provider's validation names the request that planned.
+    let planned = rpcs
+        .iter()
+        .find(|v| field(v, "method") == "CreateChangeSet" && field(v, "instance") == "team-a/web")
+        .unwrap_or_else(|| panic!("no CreateChangeSet line: {rpcs:#?}"));
+    let plan_id = field(planned, "request_id");
+    let validate = sim
+        .iter()
+        .find(|v| field(v, "fields").contains("method=ValidateResource"))
+        .unwrap_or_else(|| panic!("no ValidateResource line: {sim:#?}"));
+    assert!(
+        field(validate, "fields").contains(&format!("request_id={plan_id}")),
+        "{validate}"
+    );
 }
