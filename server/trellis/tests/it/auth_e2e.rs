@@ -77,7 +77,7 @@ fn parse(out: Output) -> (i32, Value) {
     (code, v)
 }
 
-fn error_of(v: &Value) -> (&str, &str) {
+pub(crate) fn error_of(v: &Value) -> (&str, &str) {
     (
         v["error"]["code"].as_str().unwrap_or_default(),
         v["error"]["message"].as_str().unwrap_or_default(),

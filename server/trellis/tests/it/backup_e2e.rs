@@ -4,26 +4,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
+use crate::auth_e2e::{as_token, create_token, error_of};
 use crate::engine_common::{Engine, write};
 use crate::plugins_common::TempDir;
-use serde_json::Value;
 
 const SIM: &str = "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      payload: one\n  b:\n    type: sim/resource\n    spec:\n      payload: ${resources.a.spec.payload}-two\nexports:\n  payload:\n    type: string\n    field: resources.b.spec.payload\n";
-
-fn create_token(tokens_file: &Path, name: &str, role: &str, instances: Option<&str>) -> String {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trellis"));
-    c.args(["token", "create", "--name", name, "--role", role])
-        .arg("--tokens-file")
-        .arg(tokens_file);
-    if let Some(glob) = instances {
-        c.args(["--instances", glob]);
-    }
-    let out = c.output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
 
 /// An engine under `root` with `[auth]` reading `root/tokens.toml`.
 fn start_with_auth(root: &Path) -> Engine {
@@ -35,34 +21,6 @@ fn start_with_auth(root: &Path) -> Engine {
     Engine::builder(root)
         .args(&["--config", root.join("trellis.toml").to_str().unwrap()])
         .start()
-}
-
-/// A client command as the holder of `token`, `--format json`: exit code and JSON.
-fn as_token(engine: &Engine, token: &str, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .args(args)
-        .args(["--engine", &engine.addr, "--format", "json"])
-        .current_dir(&engine.cwd)
-        .env_remove("TRELLIS_TOKEN_FILE")
-        .env("TRELLIS_TOKEN", token)
-        .output()
-        .unwrap();
-    let code = out.status.code().unwrap_or(-1);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|e| {
-        panic!(
-            "{args:?}: not JSON ({e}); exit {code}\nstdout: {text}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, v)
-}
-
-fn error_of(v: &Value) -> (&str, &str) {
-    (
-        v["error"]["code"].as_str().unwrap_or_default(),
-        v["error"]["message"].as_str().unwrap_or_default(),
-    )
 }
 
 /// Names in `dir` other than `keep`.
@@ -86,7 +44,7 @@ fn an_admin_backup_restores_to_an_engine_serving_the_same_instances() {
     for instance in ["web", "team-a/api"] {
         let (code, v) = as_token(
             &a,
-            &deployer,
+            Some(&deployer),
             &["deploy", "sim.yaml", "--instance", instance],
         );
         assert_eq!(code, 0, "{v}");
@@ -99,7 +57,7 @@ fn an_admin_backup_restores_to_an_engine_serving_the_same_instances() {
     let file_arg = file.to_str().unwrap();
 
     // A deployer is refused by role, naming it; nothing is written.
-    let (code, v) = as_token(&a, &deployer, &["backup", file_arg]);
+    let (code, v) = as_token(&a, Some(&deployer), &["backup", file_arg]);
     let (status, message) = error_of(&v);
     assert_eq!((code, status), (2, "PERMISSION_DENIED"), "{v}");
     assert!(
@@ -113,13 +71,13 @@ fn an_admin_backup_restores_to_an_engine_serving_the_same_instances() {
     );
 
     // An admin of some instances only may not copy all of them.
-    let (code, v) = as_token(&a, &team_admin, &["backup", file_arg]);
+    let (code, v) = as_token(&a, Some(&team_admin), &["backup", file_arg]);
     let (status, message) = error_of(&v);
     assert_eq!((code, status), (2, "PERMISSION_DENIED"), "{v}");
     assert!(message.contains("team-a/*"), "{message}");
     assert!(others_in(&out_dir, &[]).is_empty());
 
-    let (code, v) = as_token(&a, &admin, &["backup", file_arg]);
+    let (code, v) = as_token(&a, Some(&admin), &["backup", file_arg]);
     assert_eq!(code, 0, "{v}");
     let bytes = std::fs::metadata(&file).unwrap().len();
     assert_eq!(v["backup"]["bytes"].as_u64(), Some(bytes), "{v}");
@@ -140,12 +98,12 @@ fn an_admin_backup_restores_to_an_engine_serving_the_same_instances() {
     // After the copy: what A does next is not in it.
     let (code, v) = as_token(
         &a,
-        &deployer,
+        Some(&deployer),
         &["deploy", "sim.yaml", "--instance", "later"],
     );
     assert_eq!(code, 0, "{v}");
-    let web_a = as_token(&a, &admin, &["instance", "web"]).1;
-    let api_a = as_token(&a, &admin, &["instance", "team-a/api"]).1;
+    let web_a = as_token(&a, Some(&admin), &["instance", "web"]).1;
+    let api_a = as_token(&a, Some(&admin), &["instance", "team-a/api"]).1;
     assert_eq!(
         web_a["resources"].as_object().map(|r| r.len()),
         Some(2),
@@ -160,7 +118,7 @@ fn an_admin_backup_restores_to_an_engine_serving_the_same_instances() {
     std::fs::copy(&tokens, root_b.join("tokens.toml")).unwrap();
     let b = start_with_auth(root_b.path());
 
-    let (code, list) = as_token(&b, &admin, &["instances"]);
+    let (code, list) = as_token(&b, Some(&admin), &["instances"]);
     assert_eq!(code, 0, "{list}");
     let mut names: Vec<&str> = list["instances"]
         .as_array()
@@ -171,11 +129,14 @@ fn an_admin_backup_restores_to_an_engine_serving_the_same_instances() {
     names.sort();
     assert_eq!(names, ["team-a/api", "web"], "{list}");
     // The same instances: ids, versions, resources with their specs and states, exports.
-    assert_eq!(as_token(&b, &admin, &["instance", "web"]).1, web_a);
-    assert_eq!(as_token(&b, &admin, &["instance", "team-a/api"]).1, api_a);
+    assert_eq!(as_token(&b, Some(&admin), &["instance", "web"]).1, web_a);
+    assert_eq!(
+        as_token(&b, Some(&admin), &["instance", "team-a/api"]).1,
+        api_a
+    );
 
     // And B carries on from there: the restored state is a working one.
-    let (code, v) = as_token(&b, &deployer, &["destroy", "--instance", "web"]);
+    let (code, v) = as_token(&b, Some(&deployer), &["destroy", "--instance", "web"]);
     assert_eq!(code, 0, "{v}");
     assert_eq!(v["operation"]["status"], "SUCCEEDED", "{v}");
 }
