@@ -1,7 +1,7 @@
 //! The state layer: what the engine knows about deployed instances, behind one trait.
 //!
 //! [`StateStore`] is implemented by [`SqliteStore`] (embedded, one engine per data directory)
-//! and later by a PostgreSQL store (several replicas). Both must pass [`conformance`], the
+//! and [`PostgresStore`] (a database server). Both must pass [`conformance`], the
 //! store-agnostic test suite that pins down the semantics below. docs/state.md is the long form.
 //!
 //! Invariants every implementation keeps:
@@ -25,6 +25,7 @@ mod error;
 pub mod metrics;
 mod model;
 mod notify;
+pub mod postgres;
 mod retention;
 pub mod sqlite;
 
@@ -36,6 +37,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Conflict, Result, StateError};
 pub use model::*;
 pub use notify::{EventSubscription, Notifier};
+pub use postgres::{PostgresOptions, PostgresStore};
 pub use retention::{RetentionTask, spawn_retention};
 pub use sqlite::{SqliteOptions, SqliteStore, StateBackup};
 

@@ -1,3 +1,5 @@
-//! Integration tests of the state crate: the conformance suite and what only the SQLite store has.
+//! Integration tests of the state crate: the conformance suite on each store, then what only
+//! one store has.
 
+mod postgres;
 mod sqlite;
