@@ -9,13 +9,12 @@
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http_body_util::Full;
-use hyper::body::{Body, Bytes, Frame, SizeHint};
+use hyper::body::Bytes;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -29,6 +28,7 @@ use tokio::sync::Semaphore;
 use tonic::codegen::http;
 
 use super::conns::BoxFuture;
+use super::status_body::{Ending, OnEnd, StatusBody};
 
 /// The label of a request for a path the server does not serve.
 const OTHER: &str = "other";
@@ -94,16 +94,6 @@ fn method_label(path: &str) -> &'static str {
     METHODS.get(path).map_or(OTHER, String::as_str)
 }
 
-/// The code label of a `grpc-status` value; an unreadable one is `UNKNOWN`, as a client
-/// would take it.
-fn code_label(value: Option<&http::HeaderValue>) -> &'static str {
-    let code = value
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<i32>().ok())
-        .unwrap_or(2);
-    super::trace::code_name(code)
-}
-
 fn count_rpc(method: &'static str, code: &'static str) {
     RPCS.get_or_create(&RpcLabels { method, code }).inc();
 }
@@ -129,7 +119,7 @@ where
     S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
     S::Future: Send + 'static,
 {
-    type Response = http::Response<RpcBody<RB>>;
+    type Response = http::Response<StatusBody<RB, CountRpc>>;
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
@@ -146,71 +136,20 @@ where
             RPC_SECONDS
                 .get_or_create(&MethodLabel { method })
                 .observe(started.elapsed().as_secs_f64());
-            // A status in the headers is a "trailers-only" response (every error before the
-            // first message): counted now. Otherwise the status comes in the trailers.
-            let pending = match response.headers().get("grpc-status") {
-                Some(status) => {
-                    count_rpc(method, code_label(Some(status)));
-                    None
-                }
-                None => Some(method),
-            };
-            Ok(response.map(|inner| RpcBody { inner, pending }))
+            let (parts, inner) = response.into_parts();
+            let body = StatusBody::new(inner, &parts.headers, Some(CountRpc(method)));
+            Ok(http::Response::from_parts(parts, body))
         })
     }
 }
 
-/// A response body that counts its RPC when the status arrives in its trailers; one that ends
-/// without a status counts as `UNKNOWN`, one dropped before its end (the client went away) as
-/// `CANCELLED`.
-pub(super) struct RpcBody<B> {
-    inner: B,
-    /// The method, while the RPC is not counted yet.
-    pending: Option<&'static str>,
-}
+/// Counts its RPC once the call's status is known (`UNKNOWN` when it ended without one,
+/// `CANCELLED` when the client went away first).
+pub(super) struct CountRpc(&'static str);
 
-impl<B> RpcBody<B> {
-    fn count(&mut self, code: &'static str) {
-        if let Some(method) = self.pending.take() {
-            count_rpc(method, code);
-        }
-    }
-}
-
-impl<B> Drop for RpcBody<B> {
-    fn drop(&mut self) {
-        self.count("CANCELLED");
-    }
-}
-
-impl<B: Body + Unpin> Body for RpcBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(trailers) = frame.trailers_ref() {
-                    this.count(code_label(trailers.get("grpc-status")));
-                }
-            }
-            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => this.count("UNKNOWN"),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+impl OnEnd for CountRpc {
+    fn ended(self, how: Ending) {
+        count_rpc(self.0, how.code_name());
     }
 }
 
@@ -360,16 +299,6 @@ mod tests {
         assert_eq!(method_label("/x"), OTHER);
     }
 
-    #[test]
-    fn codes_are_named() {
-        let v = |s: &'static str| http::HeaderValue::from_static(s);
-        assert_eq!(code_label(Some(&v("0"))), "OK");
-        assert_eq!(code_label(Some(&v("5"))), "NOT_FOUND");
-        assert_eq!(code_label(Some(&v("16"))), "UNAUTHENTICATED");
-        assert_eq!(code_label(Some(&v("99"))), "UNKNOWN");
-        assert_eq!(code_label(Some(&v("x"))), "UNKNOWN");
-    }
-
     fn rpcs(method: &'static str, code: &'static str) -> u64 {
         RPCS.get_or_create(&RpcLabels { method, code }).get()
     }
@@ -388,8 +317,8 @@ mod tests {
             let mut trailers = http::HeaderMap::new();
             trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
             let body = http_body_util::StreamBody::new(futures_util::stream::iter([
-                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"m"))),
-                Ok(Frame::trailers(trailers)),
+                Ok::<_, Infallible>(hyper::body::Frame::data(Bytes::from_static(b"m"))),
+                Ok(hyper::body::Frame::trailers(trailers)),
             ]));
             let mut response = http::Response::new(body);
             if req.uri().path().ends_with("GetOperation") {

@@ -13,6 +13,7 @@ mod listen;
 mod logging;
 mod metrics;
 mod providers;
+mod status_body;
 mod trace;
 
 pub(crate) use trace::REQUEST_ID_HEADER;

@@ -11,16 +11,15 @@
 //! the response's `x-request-id` header. The request is over when its response body is: a
 //! watch stream's line comes when the stream ends.
 
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use hyper::body::{Body, Frame, SizeHint};
 use tonic::codegen::http;
 use tracing::Instrument;
 
 use super::conns::BoxFuture;
+use super::status_body::{Ending, OnEnd, StatusBody};
 
 pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -74,7 +73,7 @@ where
     S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
     S::Future: Send + 'static,
 {
-    type Response = http::Response<LoggedBody<RB>>;
+    type Response = http::Response<StatusBody<RB, RequestEnd>>;
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
@@ -87,7 +86,10 @@ where
         if !req.uri().path().starts_with(ENGINE_PATH) {
             let call = self.0.call(req);
             return Box::pin(async move {
-                Ok(call.await?.map(|inner| LoggedBody { inner, end: None }))
+                let response = call.await?;
+                let (parts, inner) = response.into_parts();
+                let body = StatusBody::new(inner, &parts.headers, None);
+                Ok(http::Response::from_parts(parts, body))
             });
         }
         let id = request_id(req.headers());
@@ -110,28 +112,23 @@ where
                 .scope(
                     notes.clone(),
                     crate::engine::serving_request(engine_request_id, async move {
-                        let mut end = RequestEnd {
+                        let end = RequestEnd {
                             method,
                             request_id,
                             notes,
                             started,
-                            code: None,
                         };
-                        let mut response = match call.await {
+                        let response = match call.await {
                             Ok(r) => r,
                             Err(e) => {
-                                end.code = Some(Code::TransportError);
+                                end.log("TRANSPORT_ERROR");
                                 return Err(e);
                             }
                         };
-                        // A trailers-only response (an error before any message) has its status
-                        // in the headers; other responses in the trailers, seen by the body.
-                        end.code = grpc_status(response.headers()).map(Code::Grpc);
-                        response.headers_mut().insert(REQUEST_ID_HEADER, id);
-                        Ok(response.map(|inner| LoggedBody {
-                            inner,
-                            end: Some(end),
-                        }))
+                        let (mut parts, inner) = response.into_parts();
+                        parts.headers.insert(REQUEST_ID_HEADER, id);
+                        let body = StatusBody::new(inner, &parts.headers, Some(end));
+                        Ok(http::Response::from_parts(parts, body))
                     }),
                 )
                 .instrument(span),
@@ -139,42 +136,25 @@ where
     }
 }
 
-/// How a request ended, as far as the engine saw it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Code {
-    Grpc(i32),
-    /// The server failed before it had a response.
-    TransportError,
-}
-
-/// What the request's line says, written when the response body is dropped.
+/// What the request's line says, written once the call's status is known.
 #[derive(Debug)]
-struct RequestEnd {
+pub(crate) struct RequestEnd {
     method: String,
     request_id: String,
     notes: Arc<Notes>,
     started: Instant,
-    code: Option<Code>,
 }
 
 impl RequestEnd {
-    /// The line's code, caller and instance as they stand.
-    fn summary(&self) -> (&'static str, &str, &str) {
-        // Without a status the response never finished: the client went away first.
-        let code = match self.code {
-            Some(Code::Grpc(c)) => code_name(c),
-            Some(Code::TransportError) => "TRANSPORT_ERROR",
-            None => "CANCELLED",
-        };
+    /// The caller and the instance, as noted so far.
+    fn who(&self) -> (&str, &str) {
         let caller = self.notes.caller.get().map_or("-", String::as_str);
         let instance = self.notes.instance.get().map_or("-", String::as_str);
-        (code, caller, instance)
+        (caller, instance)
     }
-}
 
-impl Drop for RequestEnd {
-    fn drop(&mut self) {
-        let (code, caller, instance) = self.summary();
+    fn log(self, code: &'static str) {
+        let (caller, instance) = self.who();
         let ms = self.started.elapsed().as_millis() as u64;
         // The engine's own failures stand out; a caller's mistakes are routine.
         if matches!(
@@ -190,70 +170,10 @@ impl Drop for RequestEnd {
     }
 }
 
-/// A response body that watches for the gRPC status in the trailers and writes the request's
-/// line once the response is over (or abandoned).
-pub(crate) struct LoggedBody<B> {
-    inner: B,
-    end: Option<RequestEnd>,
-}
-
-impl<B: Body + Unpin> Body for LoggedBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.get_mut();
-        let frame = Pin::new(&mut this.inner).poll_frame(cx);
-        if let (Poll::Ready(Some(Ok(f))), Some(end)) = (&frame, this.end.as_mut())
-            && let Some(code) = f.trailers_ref().and_then(grpc_status)
-        {
-            end.code = Some(Code::Grpc(code));
-        }
-        frame
+impl OnEnd for RequestEnd {
+    fn ended(self, how: Ending) {
+        self.log(how.code_name());
     }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-fn grpc_status(headers: &http::HeaderMap) -> Option<i32> {
-    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
-}
-
-/// The canonical name of a gRPC status code (`OK`, `NOT_FOUND`, …), as logs and metrics print it.
-pub(crate) fn code_name(code: i32) -> &'static str {
-    const NAMES: [&str; 17] = [
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    usize::try_from(code)
-        .ok()
-        .and_then(|i| NAMES.get(i))
-        .copied()
-        .unwrap_or("UNKNOWN")
 }
 
 /// The caller's id when it is short printable ASCII without spaces, else a fresh one.
@@ -274,7 +194,7 @@ mod tests {
     use std::convert::Infallible;
     use tower::{Layer, ServiceExt};
 
-    async fn answer(req: http::Request<()>) -> http::Response<LoggedBody<()>> {
+    async fn answer(req: http::Request<()>) -> http::Response<StatusBody<(), RequestEnd>> {
         let echo = tower::service_fn(|_: http::Request<()>| async {
             Ok::<_, Infallible>(http::Response::new(()))
         });
@@ -328,41 +248,14 @@ mod tests {
         assert_ne!(a, b);
     }
 
-    /// One message, then the trailers with `grpc-status`, as tonic ends a unary response.
-    struct Unary(Vec<Frame<hyper::body::Bytes>>);
-
-    impl Body for Unary {
-        type Data = hyper::body::Bytes;
-        type Error = Infallible;
-
-        fn poll_frame(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<hyper::body::Bytes>, Infallible>>> {
-            let frames = &mut self.get_mut().0;
-            Poll::Ready((!frames.is_empty()).then(|| Ok(frames.remove(0))))
-        }
-    }
-
-    fn unary(status: &str) -> Unary {
-        let mut trailers = http::HeaderMap::new();
-        trailers.insert("grpc-status", status.parse().unwrap());
-        Unary(vec![
-            Frame::data(hyper::body::Bytes::from_static(b"message")),
-            Frame::trailers(trailers),
-        ])
-    }
-
     /// A service that notes its caller (as the auth layer does) and its instance (as a
-    /// handler does), then answers with `body`.
-    async fn call_noting<RB: Send + 'static>(body: RB) -> http::Response<LoggedBody<RB>> {
-        let mut body = Some(body);
+    /// handler does).
+    async fn call_noting() -> http::Response<StatusBody<(), RequestEnd>> {
         let service = tower::service_fn(move |_: http::Request<()>| {
             note_caller("ci-bot");
-            let body = body.take().unwrap();
             async move {
                 note_instance("team-a/app");
-                Ok::<_, Infallible>(http::Response::new(body))
+                Ok::<_, Infallible>(http::Response::new(()))
             }
         });
         TraceLayer
@@ -372,50 +265,25 @@ mod tests {
             .unwrap()
     }
 
-    /// What the request's line will say (the e2e test `logs_e2e` reads the lines themselves:
-    /// a log capture here would race with the other tests' callsites).
-    fn summary<B>(r: &http::Response<LoggedBody<B>>) -> (String, String, String) {
-        let (code, caller, instance) = r.body().end.as_ref().unwrap().summary();
-        (code.to_owned(), caller.to_owned(), instance.to_owned())
-    }
-
+    /// How the call ends (and so the line's code) is `StatusBody`'s, tested there; the e2e test
+    /// `logs_e2e` reads the lines themselves (a log capture here would race with the other
+    /// tests' callsites).
     #[tokio::test]
-    async fn the_line_has_the_caller_the_instance_and_the_code_of_the_trailers() {
-        let mut response = call_noting(unary("5")).await;
-        assert_eq!(summary(&response).0, "CANCELLED", "no status seen yet");
-        while let Some(frame) =
-            std::future::poll_fn(|cx| Pin::new(response.body_mut()).poll_frame(cx)).await
-        {
-            frame.unwrap();
-        }
-        assert_eq!(
-            summary(&response),
-            ("NOT_FOUND".into(), "ci-bot".into(), "team-a/app".into())
-        );
+    async fn the_line_names_the_caller_and_the_instance_noted_while_serving() {
+        let response = call_noting().await;
+        let end = response.body().observer().expect("not ended yet");
+        assert_eq!(end.who(), ("ci-bot", "team-a/app"));
+        assert_eq!(end.method, "GetInstance");
+        assert_eq!(end.request_id, "ci-run-7");
         assert_eq!(id_of(&response), "ci-run-7");
     }
 
     #[tokio::test]
-    async fn a_trailers_only_error_has_its_code_in_the_headers() {
-        let service = tower::service_fn(|_: http::Request<()>| async {
-            Ok::<_, Infallible>(tonic::Status::permission_denied("no").into_http::<()>())
-        });
-        let response = TraceLayer
-            .layer(service)
-            .oneshot(request(None))
-            .await
+    async fn health_requests_get_no_line() {
+        let health = http::Request::builder()
+            .uri("/grpc.health.v1.Health/Check")
+            .body(())
             .unwrap();
-        assert_eq!(
-            summary(&response),
-            ("PERMISSION_DENIED".into(), "-".into(), "-".into())
-        );
-    }
-
-    #[test]
-    fn code_names() {
-        assert_eq!(code_name(0), "OK");
-        assert_eq!(code_name(7), "PERMISSION_DENIED");
-        assert_eq!(code_name(16), "UNAUTHENTICATED");
-        assert_eq!(code_name(99), "UNKNOWN");
+        assert!(answer(health).await.body().observer().is_none());
     }
 }
