@@ -10,7 +10,6 @@ use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
-use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::error::Result;
 use crate::provider::Provider;
@@ -295,7 +294,9 @@ async fn run(services: Services, dir: PathBuf) -> ExitCode {
     let mut builder = tonic::transport::Server::builder();
     let (router, health) = services.router(&mut builder).await;
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let server = router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+    // The engine may be any gRPC client: gRPC's C core sends the socket path as authority.
+    let incoming = trellis_proto::unix_conn::incoming(listener);
+    let server = router.serve_with_incoming_shutdown(incoming, async {
         let _ = shutdown_rx.await;
     });
     tokio::pin!(server);

@@ -33,3 +33,7 @@ pub mod plugin {
 /// reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/trellis_descriptor.bin"));
+
+/// Unix-socket connections for the gRPC servers that accept what every gRPC client sends.
+#[cfg(feature = "grpc")]
+pub mod unix_conn;

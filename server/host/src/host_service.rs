@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::InterceptorLayer;
 use tonic::{Request, Response, Status};
 use trellis_proto::plugin::v1 as pb;
@@ -276,7 +275,8 @@ pub(crate) async fn start(shared: Arc<Shared>) -> std::io::Result<HostServiceHan
                 .max_encoding_message_size(shared.config.max_message_bytes),
         );
     let task = tokio::spawn(async move {
-        let incoming = UnixListenerStream::new(listener);
+        // Plugins in any language call it: gRPC's C core sends the socket path as authority.
+        let incoming = trellis_proto::unix_conn::incoming(listener);
         if let Err(e) = router
             .serve_with_incoming_shutdown(incoming, async {
                 let _ = rx.await;

@@ -7,6 +7,11 @@ the plugin with a grpcio client generated from proto/ and checks the lifetime
 rules. Everything it relies on is in docs/plugin-protocol.md and the .proto
 files; nothing comes from the Rust code.
 
+The last tests turn it around: the Rust servers (an SDK-built plugin, the
+engine's Host service, the engine API on a Unix socket) must answer a stock
+grpcio channel, which sends the socket path as `:authority`. They build the
+Rust binaries first (`cargo build`, a no-op when they are fresh).
+
 Run: python3 -m pytest tests/interop/python  or  python3 tests/interop/python/test_pyecho.py
 """
 
@@ -44,6 +49,7 @@ import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 LAUNCHER = os.path.join(HERE, "bin", "trellis-provider-pyecho")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 HANDSHAKE_PREFIX = "TRELLIS_PLUGIN|"
 RPC_TIMEOUT = 10
 # The first launch on a fresh clone also generates the stubs.
@@ -55,7 +61,7 @@ EXIT_TIMEOUT = 60.0
 class Plugin:
     """A launched plugin process, as the engine holds it."""
 
-    def __init__(self, versions="1"):
+    def __init__(self, versions="1", launcher=LAUNCHER):
         self.nonce = uuid.uuid4().hex
         # Short path: a Unix socket path must fit in 108 bytes.
         self.sock_dir = tempfile.mkdtemp(prefix="trellis-")
@@ -67,7 +73,7 @@ class Plugin:
             TRELLIS_PLUGIN_SOCKET_DIR=self.sock_dir,
         )
         self.proc = subprocess.Popen(
-            [LAUNCHER],
+            [launcher],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -235,9 +241,10 @@ def test_engine_flow_then_stdin_eof():
         assert fields["repeat"].schema.type == plugin_pb2.INTEGER
         assert from_value(fields["repeat"].schema.default) == 1
         assert fields["rendered"].computed and fields["id"].computed
-        (fn,) = m.functions
-        assert fn.name == "upper" and fn.returns == plugin_pb2.STRING
-        assert [(a.name, a.type) for a in fn.params] == [("s", plugin_pb2.STRING)]
+        assert [f.name for f in m.functions] == ["upper", "host_upper"]
+        for fn in m.functions:
+            assert fn.returns == plugin_pb2.STRING
+            assert [(a.name, a.type) for a in fn.params] == [("s", plugin_pb2.STRING)]
         assert m.retry_policy.max_attempts >= 1
         assert [f.name for f in m.config_schema.fields] == ["stateDir", "applyDelayMs"]
 
@@ -400,6 +407,82 @@ def test_refuses_an_unsupported_protocol_version():
     with Plugin(versions="2") as p:
         assert p.read_handshake_line() is None
         assert p.wait_exit() != 0
+
+
+def rust_binaries():
+    """The debug build directory, after building the engine and the sim provider in it."""
+    subprocess.run(
+        ["cargo", "build", "--quiet", "-p", "trellis", "-p", "trellis-provider-sim"],
+        cwd=ROOT,
+        check=True,
+    )
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    return os.path.join(target, "debug")
+
+
+def test_sdk_plugin_answers_a_stock_channel():
+    # Plugin.connect opens grpc.insecure_channel("unix:...") without options: the
+    # plugin sees the socket path as :authority.
+    sim = os.path.join(rust_binaries(), "trellis-provider-sim")
+    with Plugin(launcher=sim) as p:
+        p.connect()
+        hs = p.handshake()
+        assert hs.plugin.kind == plugin_pb2.PROVIDER and hs.plugin.name == "sim"
+        health = health_pb2_grpc.HealthStub(p.channel)
+        resp = health.Check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_engine_host_service_answers_a_stock_channel():
+    # pyecho's host_upper calls Host.CallFunction over a stock channel to the
+    # engine's Host service, which `trellis plugins call` runs.
+    trellis = os.path.join(rust_binaries(), "trellis")
+    data = tempfile.mkdtemp(prefix="trellis-")
+    try:
+        out = subprocess.run(
+            [trellis, "plugins", "call", "--no-bundled-plugins", "--data-dir", data,
+             "--plugin-dir", os.path.join(HERE, "bin"), "pyecho", "host_upper", '["abc"]'],
+            capture_output=True,
+            text=True,
+            timeout=EXIT_TIMEOUT,
+        )
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stdout}{out.stderr}"
+    assert out.stdout.strip() == '"ABC"', out.stdout
+
+
+def test_engine_api_on_a_unix_socket_answers_a_stock_channel():
+    from trellis.engine.v1 import engine_pb2, engine_pb2_grpc
+
+    trellis = os.path.join(rust_binaries(), "trellis")
+    data = tempfile.mkdtemp(prefix="trellis-")
+    sock = os.path.join(data, "engine.sock")
+    proc = subprocess.Popen(
+        [trellis, "serve", "--no-bundled-plugins", "--data-dir", data, "--listen", "unix:" + sock],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        # stdout's first line says where it listens, once it accepts connections.
+        line = proc.stdout.readline()
+        assert line.strip() == "trellis engine listening on unix:" + sock, line
+        with grpc.insecure_channel("unix:" + sock) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            resp = health.Check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+            engine = engine_pb2_grpc.EngineStub(channel)
+            listed = engine.ListInstances(engine_pb2.ListInstancesRequest(), timeout=RPC_TIMEOUT)
+            assert list(listed.instances) == []
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=EXIT_TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def main():

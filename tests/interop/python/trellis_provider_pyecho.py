@@ -12,7 +12,9 @@ Resource type `pyecho/message`:
   state  rendered: string (text repeated `repeat` times), computed
          id:       string, computed (also the external id)
 
-Function `upper(string) -> string`.
+Functions `upper(string) -> string`, and `host_upper(string) -> string`, the
+same computed by the engine: it calls the core function `to_upper` through the
+engine's Host service, over a stock grpcio channel (no channel options).
 
 Provider config (all optional):
   stateDir      an absolute directory. When set, each message is also written
@@ -137,7 +139,13 @@ def build_manifest():
                 description="The string in upper case.",
                 params=[plugin_pb2.FunctionParam(name="s", type=plugin_pb2.STRING)],
                 returns=plugin_pb2.STRING,
-            )
+            ),
+            plugin_pb2.FunctionDef(
+                name="host_upper",
+                description="The string in upper case, from the engine's Host service.",
+                params=[plugin_pb2.FunctionParam(name="s", type=plugin_pb2.STRING)],
+                returns=plugin_pb2.STRING,
+            ),
         ],
         retry_policy=plugin_pb2.RetryPolicy(
             max_attempts=3, initial_backoff_ms=100, max_backoff_ms=2000, multiplier=2.0
@@ -258,9 +266,18 @@ def call_label(ctx):
 # ---------------------------------------------------------------- services
 
 
+class HostLink:
+    """Where the engine's Host service is, from the handshake (the token is never logged)."""
+
+    def __init__(self):
+        self.address = ""
+        self.token = ""
+
+
 class PluginService(plugin_pb2_grpc.PluginServicer):
-    def __init__(self, nonce):
+    def __init__(self, nonce, host):
         self._nonce = nonce
+        self._host = host
 
     def Handshake(self, request, context):
         if not hmac.compare_digest(request.nonce.encode(), self._nonce.encode()):
@@ -272,8 +289,8 @@ class PluginService(plugin_pb2_grpc.PluginServicer):
                 f"no common protocol version: engine offers {list(request.protocol_versions)}, "
                 f"plugin speaks [{PROTOCOL_VERSION}]",
             )
-        # pyecho never calls the engine's Host service; a plugin that does keeps
-        # request.host_address and request.host_token (never logged).
+        self._host.address = request.host_address
+        self._host.token = request.host_token
         log.info("handshake ok (host service at %s)", request.host_address or "-")
         return plugin_pb2.HandshakeResponse(
             protocol_version=PROTOCOL_VERSION, plugin=MANIFEST.plugin, capabilities=CAPABILITIES
@@ -286,6 +303,9 @@ class PluginService(plugin_pb2_grpc.PluginServicer):
 class ProviderService(plugin_pb2_grpc.ProviderServicer):
     # Methods not overridden (PlanResource, FetchDataSource, links, Cancel, ...)
     # answer UNIMPLEMENTED; Capabilities says the engine will not call them.
+
+    def __init__(self, host):
+        self._host = host
 
     def ValidateConfig(self, request, context):
         diags = []
@@ -435,14 +455,14 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
 
     @internal_errors(plugin_pb2.CallFunctionResponse)
     def CallFunction(self, request, context):
-        if request.name != "upper":
+        if request.name not in ("upper", "host_upper"):
             return plugin_pb2.CallFunctionResponse(
                 error=make_error(types_pb2.NOT_FOUND, f"pyecho has no function {request.name}")
             )
         if len(request.args) != 1:
             return plugin_pb2.CallFunctionResponse(
                 error=make_error(
-                    types_pb2.BAD_INPUT, f"upper takes 1 argument, got {len(request.args)}"
+                    types_pb2.BAD_INPUT, f"{request.name} takes 1 argument, got {len(request.args)}"
                 )
             )
         arg = request.args[0]
@@ -454,12 +474,36 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
         if kind != "string":
             return plugin_pb2.CallFunctionResponse(
                 error=make_error(
-                    types_pb2.BAD_INPUT, f"upper expects a string, got {kind}", attr_path(0)
+                    types_pb2.BAD_INPUT, f"{request.name} expects a string, got {kind}", attr_path(0)
                 )
             )
+        if request.name == "host_upper":
+            return self._host_upper(arg)
         return plugin_pb2.CallFunctionResponse(
             result=to_value(arg.string.upper(), sensitive=arg.sensitive)
         )
+
+    def _host_upper(self, arg):
+        if not self._host.address:
+            return plugin_pb2.CallFunctionResponse(
+                error=make_error(types_pb2.INTERNAL, "no Host service address")
+            )
+        # A stock channel on purpose: the engine must accept the `:authority` grpcio
+        # sends on a Unix socket (docs/plugin-protocol.md, "The Host service").
+        with grpc.insecure_channel(self._host.address) as channel:
+            try:
+                resp = plugin_pb2_grpc.HostStub(channel).CallFunction(
+                    plugin_pb2.HostCallFunctionRequest(name="to_upper", args=[arg]),
+                    metadata=[("x-trellis-host-token", self._host.token)],
+                    timeout=30,
+                )
+            except grpc.RpcError as e:
+                return plugin_pb2.CallFunctionResponse(
+                    error=make_error(
+                        types_pb2.INTERNAL, f"Host.CallFunction: {e.code().name}: {e.details()}"
+                    )
+                )
+        return resp
 
 
 def _diag(severity, code, message, path=None, hint=""):
@@ -517,8 +561,9 @@ def main():
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
     )
-    plugin_pb2_grpc.add_PluginServicer_to_server(PluginService(nonce), server)
-    plugin_pb2_grpc.add_ProviderServicer_to_server(ProviderService(), server)
+    host = HostLink()
+    plugin_pb2_grpc.add_PluginServicer_to_server(PluginService(nonce, host), server)
+    plugin_pb2_grpc.add_ProviderServicer_to_server(ProviderService(host), server)
     health_service = health.HealthServicer()
     for name in ("", "trellis.plugin.v1.Plugin", "trellis.plugin.v1.Provider"):
         health_service.set(name, health_pb2.HealthCheckResponse.SERVING)

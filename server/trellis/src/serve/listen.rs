@@ -9,10 +9,11 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::server::Connected;
+use trellis_proto::unix_conn::UnixConn;
 
 use super::config::Listen;
 
@@ -124,7 +125,11 @@ impl Stream for Incoming {
                 let _ = stream.set_nodelay(true);
                 Conn::Tcp(stream)
             }),
-            Bound::Unix(listener, _) => Pin::new(listener).poll_next(cx).map_ok(Conn::Unix),
+            // Any gRPC client may call over a Unix socket: gRPC's C core sends the socket
+            // path as authority, which the rewriting connection lets through.
+            Bound::Unix(listener, _) => Pin::new(listener)
+                .poll_next(cx)
+                .map_ok(|stream| Conn::Unix(UnixConn::new(stream))),
         };
         if let Poll::Ready(Some(Err(e))) = &polled
             && !is_connection_error(e)
@@ -152,7 +157,7 @@ fn is_connection_error(e: &io::Error) -> bool {
 #[derive(Debug)]
 pub(super) enum Conn {
     Tcp(TcpStream),
-    Unix(UnixStream),
+    Unix(UnixConn),
 }
 
 /// Nothing about the peer is used (the server wraps connections in `conns::Tracked`, whose

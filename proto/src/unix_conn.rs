@@ -1,0 +1,376 @@
+//! Accepted Unix-socket connections for the gRPC servers (the engine API on `unix:`, the Host
+//! service, SDK-built plugins) that gRPC clients of any language can call.
+//!
+//! gRPC's C core (Python, Ruby, PHP, C++) and grpc-java send the socket path as the HTTP/2
+//! `:authority` of a request on a Unix socket (C core percent-encodes it: `tmp%2Fx.sock`).
+//! That is not a URI authority, and h2, under hyper and tonic, resets such a stream with
+//! PROTOCOL_ERROR before any service sees it; it has no option to allow it. So [`UnixConn`]
+//! rewrites the client's header blocks on their way to the server: it decodes each one with
+//! h2's HPACK decoder, drops an `:authority` that is not a valid URI authority (a Unix socket
+//! names no host, and nothing here routes by it), and encodes the block again for the server.
+//! Every other frame passes through byte for byte, so flow control is untouched; what the
+//! server writes goes to the client as is.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use h2::Codec;
+use h2::frame::{Frame, Headers};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::UnixStream;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::server::{Connected, UdsConnectInfo};
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4), passed through as is.
+const PREFACE_LEN: usize = 24;
+const FRAME_HEADER_LEN: usize = 9;
+const KIND_HEADERS: u8 = 0x1;
+const KIND_CONTINUATION: u8 = 0x9;
+/// How much is read from the socket at a time.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Accepted connections of a Unix listener, each wrapped in a [`UnixConn`]: what
+/// `serve_with_incoming*` takes.
+pub fn incoming(
+    listener: tokio::net::UnixListener,
+) -> impl Stream<Item = io::Result<UnixConn>> + Send + 'static {
+    tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |conn| {
+        conn.map(UnixConn::new)
+    })
+}
+
+/// An accepted Unix-socket connection whose request headers reach the server with an
+/// `:authority` h2 accepts (see the module docs).
+pub struct UnixConn {
+    io: UnixStream,
+    /// Read from the client, not yet looked at.
+    raw: BytesMut,
+    /// Ready for the server.
+    out: BytesMut,
+    preface_left: usize,
+    /// Bytes of the current frame (not a header block) still to pass through.
+    pass_left: usize,
+    headers: HeaderRewrite,
+    eof: bool,
+}
+
+impl std::fmt::Debug for UnixConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnixConn").field("io", &self.io).finish()
+    }
+}
+
+impl UnixConn {
+    pub fn new(io: UnixStream) -> Self {
+        UnixConn {
+            io,
+            raw: BytesMut::new(),
+            out: BytesMut::new(),
+            preface_left: PREFACE_LEN,
+            pass_left: 0,
+            headers: HeaderRewrite::new(),
+            eof: false,
+        }
+    }
+
+    /// Moves what can be moved from `raw` to `out`.
+    fn process(&mut self) -> io::Result<()> {
+        loop {
+            if self.preface_left > 0 || self.pass_left > 0 {
+                let left = if self.preface_left > 0 {
+                    &mut self.preface_left
+                } else {
+                    &mut self.pass_left
+                };
+                let n = (*left).min(self.raw.len());
+                if n == 0 {
+                    return Ok(());
+                }
+                self.out.extend_from_slice(&self.raw.split_to(n));
+                *left -= n;
+                continue;
+            }
+            if self.raw.len() < FRAME_HEADER_LEN {
+                return Ok(());
+            }
+            let len = usize::from(self.raw[0]) << 16
+                | usize::from(self.raw[1]) << 8
+                | usize::from(self.raw[2]);
+            let kind = self.raw[3];
+            if kind != KIND_HEADERS && kind != KIND_CONTINUATION {
+                self.pass_left = FRAME_HEADER_LEN + len;
+                continue;
+            }
+            // A header block is decoded whole: wait for the rest of the frame (its length
+            // field bounds it to 16 MiB).
+            if self.raw.len() < FRAME_HEADER_LEN + len {
+                self.raw.reserve(FRAME_HEADER_LEN + len - self.raw.len());
+                return Ok(());
+            }
+            let frame = self.raw.split_to(FRAME_HEADER_LEN + len);
+            self.headers.rewrite(&frame, &mut self.out)?;
+        }
+    }
+}
+
+impl AsyncRead for UnixConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if !this.out.is_empty() {
+                let n = this.out.len().min(buf.remaining());
+                buf.put_slice(&this.out[..n]);
+                this.out.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                // A frame cut short by the client stays cut short for the server.
+                if !this.raw.is_empty() {
+                    this.out = this.raw.split();
+                    continue;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            this.raw.reserve(READ_CHUNK);
+            let n = std::task::ready!(read_into_spare(&mut this.io, cx, &mut this.raw))?;
+            if n == 0 {
+                this.eof = true;
+            }
+            this.process()?;
+        }
+    }
+}
+
+/// Reads into the spare capacity of `dst`.
+fn read_into_spare(
+    io: &mut UnixStream,
+    cx: &mut Context<'_>,
+    dst: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    let start = dst.len();
+    let spare = dst.capacity() - start;
+    dst.resize(start + spare, 0);
+    let mut rb = ReadBuf::new(&mut dst[start..]);
+    let polled = Pin::new(io).poll_read(cx, &mut rb);
+    let n = rb.filled().len();
+    dst.truncate(start + n);
+    polled.map_ok(|()| n)
+}
+
+impl AsyncWrite for UnixConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+impl Connected for UnixConn {
+    type ConnectInfo = UdsConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// The two HPACK contexts of one connection: the client's (decoding what it sent) and the
+/// server's (encoding what the server gets). Both are h2's codecs over in-memory buffers,
+/// polled synchronously: reading an empty buffer is `Pending`, writing never waits.
+struct HeaderRewrite {
+    decode: Codec<Mem, Bytes>,
+    encode: Codec<Mem, Bytes>,
+}
+
+impl HeaderRewrite {
+    fn new() -> Self {
+        let mut decode = Codec::new(Mem::default());
+        // The server enforces its own limits on what it gets; this side only has to read
+        // any frame a client may send it.
+        decode.set_max_recv_frame_size(h2::frame::MAX_MAX_FRAME_SIZE as usize);
+        HeaderRewrite {
+            decode,
+            encode: Codec::new(Mem::default()),
+        }
+    }
+
+    /// Takes one HEADERS or CONTINUATION frame; once a header block is complete, appends it,
+    /// rewritten, to `out`.
+    fn rewrite(&mut self, frame: &[u8], out: &mut BytesMut) -> io::Result<()> {
+        let mut cx = Context::from_waker(Waker::noop());
+        self.decode.get_mut().input.extend_from_slice(frame);
+        let headers = match Pin::new(&mut self.decode).poll_next(&mut cx) {
+            // The block continues in CONTINUATION frames still to come.
+            Poll::Pending => return Ok(()),
+            Poll::Ready(Some(Ok(Frame::Headers(h)))) => h,
+            Poll::Ready(Some(Ok(other))) => return Err(bad(format!("unexpected {other:?}"))),
+            Poll::Ready(Some(Err(e))) => return Err(bad(format!("{e:?}"))),
+            Poll::Ready(None) => return Err(bad("header decoder ended".into())),
+        };
+        if headers.is_over_size() {
+            return Err(bad("header list too large".into()));
+        }
+        let (id, end_stream) = (headers.stream_id(), headers.is_end_stream());
+        let (mut pseudo, fields) = headers.into_parts();
+        if pseudo
+            .authority
+            .as_ref()
+            .is_some_and(|a| http::uri::Authority::try_from(&**a).is_err())
+        {
+            pseudo.authority = None;
+        }
+        // Built anew: padding and the deprecated priority fields of the original are gone.
+        let mut rewritten = Headers::new(id, pseudo, fields);
+        if end_stream {
+            rewritten.set_end_stream();
+        }
+        let encoded = self.encode.poll_ready(&mut cx).map(|r| {
+            r.and_then(|()| {
+                self.encode
+                    .buffer(Frame::Headers(rewritten))
+                    .map_err(|e| bad(format!("{e:?}")))
+            })
+        });
+        match encoded {
+            Poll::Ready(r) => r?,
+            Poll::Pending => return Err(bad("header encoder not ready".into())),
+        }
+        match self.encode.flush(&mut cx) {
+            Poll::Ready(r) => r?,
+            Poll::Pending => return Err(bad("header encoder did not flush".into())),
+        }
+        out.extend_from_slice(&self.encode.get_mut().output.split());
+        Ok(())
+    }
+}
+
+fn bad(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("HTTP/2 headers: {msg}"))
+}
+
+#[derive(Default)]
+struct Mem {
+    input: BytesMut,
+    output: BytesMut,
+}
+
+impl AsyncRead for Mem {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.input.is_empty() {
+            return Poll::Pending;
+        }
+        let n = this.input.len().min(buf.remaining());
+        buf.put_slice(&this.input.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Mem {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().output.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Encodes request headers as a client would, with its own HPACK context.
+    fn client_block(client: &mut Codec<Mem, Bytes>, id: u32, authority: &str) -> BytesMut {
+        let mut pseudo = h2::frame::Pseudo::request(
+            http::Method::POST,
+            http::Uri::from_static("http://placeholder/pkg.Svc/Call"),
+            None,
+        );
+        pseudo.authority = Some(
+            h2::frame::BytesStr::try_from(Bytes::copy_from_slice(authority.as_bytes())).unwrap(),
+        );
+        let mut fields = http::HeaderMap::new();
+        fields.insert("te", http::HeaderValue::from_static("trailers"));
+        let headers = Headers::new(h2::frame::StreamId::from(id), pseudo, fields);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(client.poll_ready(&mut cx).is_ready());
+        client.buffer(Frame::Headers(headers)).unwrap();
+        assert!(client.flush(&mut cx).is_ready());
+        client.get_mut().output.split()
+    }
+
+    /// Decodes what the rewrite produced, as the server would.
+    fn server_reads(server: &mut Codec<Mem, Bytes>, block: &[u8]) -> h2::frame::Pseudo {
+        server.get_mut().input.extend_from_slice(block);
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(server).poll_next(&mut cx) {
+            Poll::Ready(Some(Ok(Frame::Headers(h)))) => h.into_parts().0,
+            other => panic!("not headers: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn drops_an_authority_that_is_not_one_and_keeps_a_valid_one() {
+        let mut client = Codec::new(Mem::default());
+        let mut rewrite = HeaderRewrite::new();
+        let mut server = Codec::new(Mem::default());
+        // The same authority twice: the second time the client refers to its HPACK table.
+        for (id, authority, kept) in [
+            (1, "tmp%2Fx.sock", false),
+            (3, "tmp%2Fx.sock", false),
+            (5, "/var/run/x.sock", false),
+            (7, "localhost", true),
+            (9, "localhost", true),
+        ] {
+            let block = client_block(&mut client, id, authority);
+            let mut out = BytesMut::new();
+            rewrite.rewrite(&block, &mut out).unwrap();
+            let pseudo = server_reads(&mut server, &out);
+            let got = pseudo.authority.as_deref().map(str::to_owned);
+            assert_eq!(got, kept.then(|| authority.to_owned()), "{authority}");
+            assert_eq!(pseudo.path.as_deref(), Some("/pkg.Svc/Call"));
+        }
+    }
+}
