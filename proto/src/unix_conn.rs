@@ -53,7 +53,8 @@ pub struct UnixConn {
     preface_left: usize,
     /// Bytes of the current frame (not a header block) still to pass through.
     pass_left: usize,
-    headers: HeaderRewrite,
+    /// Boxed: two HPACK codecs would make every connection value large.
+    headers: Box<HeaderRewrite>,
     eof: bool,
 }
 
@@ -71,7 +72,7 @@ impl UnixConn {
             out: BytesMut::new(),
             preface_left: PREFACE_LEN,
             pass_left: 0,
-            headers: HeaderRewrite::new(),
+            headers: Box::new(HeaderRewrite::new()),
             eof: false,
         }
     }
