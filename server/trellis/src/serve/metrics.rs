@@ -34,10 +34,11 @@ use super::status_body::{Ending, OnEnd, StatusBody};
 const OTHER: &str = "other";
 
 /// Services the server runs besides those of the descriptor set (health, reflection).
-const OTHER_METHODS: [&str; 3] = [
+const OTHER_METHODS: [&str; 4] = [
     "/grpc.health.v1.Health/Check",
     "/grpc.health.v1.Health/Watch",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 ];
 
 /// Scrapers served at once; more wait for a slot.
