@@ -758,11 +758,16 @@ mod tests {
             status_of(&layer, "/grpc.health.v1.Health/Check", None).await,
             None
         );
-        let refl = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
-        assert_eq!(status_of(&layer, refl, None).await, UNAUTHENTICATED);
-        assert_eq!(status_of(&layer, refl, Some(&t[0])).await, None);
         let (open, _) = layer_with(&[], true);
-        assert_eq!(status_of(&open, refl, None).await, None);
+        // Both reflection versions are served (v1alpha: grpcio-reflection and other tools).
+        for refl in [
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        ] {
+            assert_eq!(status_of(&layer, refl, None).await, UNAUTHENTICATED);
+            assert_eq!(status_of(&layer, refl, Some(&t[0])).await, None);
+            assert_eq!(status_of(&open, refl, None).await, None, "{refl}");
+        }
         // Without `[auth]` everything passes.
         assert_eq!(
             status_of(&AuthLayer::new(None, false), exec, None).await,
