@@ -46,6 +46,15 @@ pub struct ServeArgs {
     /// Data directory: state database, plugin cache and sockets (default `.trellis`).
     #[arg(long, value_name = "DIR", env = "TRELLIS_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Where the state is kept: `sqlite` (default: `state.db` in the data directory) or a
+    /// PostgreSQL URL, `postgres://USER@HOST:PORT/DB`. Keep the password out of it: PGPASSWORD
+    /// or --state-password-file supply it.
+    #[arg(long, value_name = "URL", env = "TRELLIS_STATE")]
+    pub state: Option<String>,
+    /// A file holding the PostgreSQL password (one line; a trailing newline is ignored).
+    /// Takes precedence over PGPASSWORD and a password in the URL.
+    #[arg(long, value_name = "FILE", env = "TRELLIS_STATE_PASSWORD_FILE")]
+    pub state_password_file: Option<PathBuf>,
     /// A TOML file with any of these settings (keys as the long flag names, `-` or `_`).
     /// Relative paths in it are relative to the file's directory.
     #[arg(long, value_name = "FILE", env = "TRELLIS_CONFIG")]
@@ -175,6 +184,8 @@ pub struct ServeArgs {
 pub struct ServeConfig {
     pub listen: Listen,
     pub data_dir: PathBuf,
+    /// The state store (`--state`).
+    pub state: StateLocation,
     pub plugin_dirs: Vec<PathBuf>,
     /// Search the directory holding the `trellis` executable for plugins.
     pub bundled_plugins: bool,
@@ -257,6 +268,43 @@ impl fmt::Debug for TlsIdentity {
     }
 }
 
+/// Where the engine keeps its state.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StateLocation {
+    /// `state.db` in the data directory.
+    Sqlite,
+    /// A PostgreSQL database.
+    Postgres {
+        url: String,
+        /// From `--state-password-file` or PGPASSWORD; `None`: the URL's, if any.
+        password: Option<String>,
+    },
+}
+
+impl StateLocation {
+    /// What to show: the URL with its password redacted.
+    pub fn display(&self) -> String {
+        match self {
+            StateLocation::Sqlite => "sqlite".to_owned(),
+            StateLocation::Postgres { url, .. } => crate::state::postgres::redact_url(url),
+        }
+    }
+}
+
+impl fmt::Debug for StateLocation {
+    /// Never the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateLocation::Sqlite => f.write_str("Sqlite"),
+            StateLocation::Postgres { password, .. } => f
+                .debug_struct("Postgres")
+                .field("url", &self.display())
+                .field("password", &password.as_ref().map(|_| "<redacted>"))
+                .finish(),
+        }
+    }
+}
+
 /// Where the engine accepts connections.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Listen {
@@ -292,6 +340,9 @@ struct FileSettings {
     listen: Option<String>,
     #[serde(alias = "data_dir")]
     data_dir: Option<PathBuf>,
+    state: Option<String>,
+    #[serde(alias = "state_password_file")]
+    state_password_file: Option<PathBuf>,
     #[serde(alias = "plugin_dir")]
     plugin_dir: Option<Vec<PathBuf>>,
     #[serde(alias = "no_bundled_plugins")]
@@ -483,6 +534,26 @@ impl ServeArgs {
             DEFAULT_DATA_DIR.into(),
         );
         let data_dir = path_setting(&data_dir, origin, &cwd, "data-dir")?;
+
+        let password_file = layer(self.state_password_file, settings.state_password_file, file)
+            .map(|(path, origin)| (absolute(origin.base(&cwd), &path), origin));
+        let state = match layer(self.state, settings.state, file) {
+            Some((text, origin)) => state_location(
+                text.trim(),
+                origin,
+                password_file,
+                std::env::var("PGPASSWORD").ok(),
+            )?,
+            None => match password_file {
+                Some((_, origin)) => {
+                    return Err(origin.error(
+                        "state-password-file",
+                        "given without a PostgreSQL --state to use it for",
+                    ));
+                }
+                None => StateLocation::Sqlite,
+            },
+        };
 
         let plugin_dirs = match layer(non_empty(self.plugin_dirs), settings.plugin_dir, file) {
             Some((dirs, origin)) => dirs
@@ -724,6 +795,7 @@ impl ServeArgs {
             settings: engine_settings,
             listen,
             data_dir,
+            state,
             plugin_dirs,
             bundled_plugins: !no_bundled,
             log_level,
@@ -742,6 +814,59 @@ impl ServeArgs {
             connections,
         })
     }
+}
+
+/// `--state`: `sqlite`, or a PostgreSQL URL and where its password comes from (the file, else
+/// PGPASSWORD, else the URL itself). Messages show the URL redacted.
+fn state_location(
+    text: &str,
+    origin: Origin<'_>,
+    password_file: Option<(PathBuf, Origin<'_>)>,
+    env_password: Option<String>,
+) -> Result<StateLocation, String> {
+    if text.eq_ignore_ascii_case("sqlite") {
+        if let Some((_, file_origin)) = password_file {
+            let origin = file_origin;
+            return Err(origin.error(
+                "state-password-file",
+                "given, but the state is in SQLite, which has no password",
+            ));
+        }
+        return Ok(StateLocation::Sqlite);
+    }
+    if !(text.starts_with("postgres://") || text.starts_with("postgresql://")) {
+        return Err(origin.error(
+            "state",
+            format!(
+                "`{}` is neither `sqlite` nor a PostgreSQL URL (postgres://USER@HOST:PORT/DB)",
+                crate::state::postgres::redact_url(text)
+            ),
+        ));
+    }
+    let password = match password_file {
+        Some((path, file_origin)) => {
+            let origin = file_origin;
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                origin.error(
+                    "state-password-file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            let password = text.trim_end_matches(['\n', '\r']).to_owned();
+            if password.is_empty() {
+                return Err(origin.error(
+                    "state-password-file",
+                    format!("{} is empty", path.display()),
+                ));
+            }
+            Some(password)
+        }
+        None => env_password.filter(|p| !p.is_empty()),
+    };
+    Ok(StateLocation::Postgres {
+        url: text.to_owned(),
+        password,
+    })
 }
 
 fn load_file(path: &Path) -> Result<(FileSettings, ConfigFile), String> {
@@ -1017,6 +1142,78 @@ mod tests {
         );
         assert_eq!(config.lease_ttl, Duration::from_secs(30));
         assert_eq!(config.event_retention, Duration::from_secs(30 * 86_400));
+        assert_eq!(config.state, StateLocation::Sqlite);
+    }
+
+    #[test]
+    fn state_location_and_its_password() {
+        let dir = TestDir::new("state");
+        std::fs::write(dir.join("pw"), "s3cr3t\n").unwrap();
+        let path = write_config(
+            &dir,
+            "state = \"postgres://app@db:5432/trellis\"\nstate-password-file = \"pw\"\n",
+        );
+        let config = with_config(&path).resolve().unwrap();
+        assert_eq!(
+            config.state,
+            StateLocation::Postgres {
+                url: "postgres://app@db:5432/trellis".into(),
+                password: Some("s3cr3t".into()),
+            }
+        );
+        let shown = format!("{:?}", config.state);
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+
+        // A password in the URL is kept for the driver but never shown.
+        let config = ServeArgs {
+            state: Some("postgresql://app:hunter2@db/trellis".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(config.state.display(), "postgresql://app:***@db/trellis");
+        assert!(!format!("{:?}", config.state).contains("hunter2"));
+        assert_eq!(
+            ServeArgs {
+                state: Some("SQLite".into()),
+                ..ServeArgs::default()
+            }
+            .resolve()
+            .unwrap()
+            .state,
+            StateLocation::Sqlite
+        );
+
+        let err = resolve_err(ServeArgs {
+            state: Some("mysql://app:hunter2@db/x".into()),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("--state (or TRELLIS_STATE): "), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+        let err = resolve_err(ServeArgs {
+            state: Some("postgres://app@db/x".into()),
+            state_password_file: Some(dir.join("missing")),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("--state-password-file"), "{err}");
+        let err = resolve_err(ServeArgs {
+            state_password_file: Some(dir.join("pw")),
+            ..ServeArgs::default()
+        });
+        assert!(err.contains("without a PostgreSQL --state"), "{err}");
+    }
+
+    #[test]
+    fn state_password_from_the_environment() {
+        let origin = Origin::Arg;
+        let from_env = state_location("postgres://app@db/x", origin, None, Some("pw".into()));
+        assert_eq!(
+            from_env.unwrap(),
+            StateLocation::Postgres {
+                url: "postgres://app@db/x".into(),
+                password: Some("pw".into()),
+            }
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 pub use config::ServeArgs;
-use config::ServeConfig;
+use config::{ServeConfig, StateLocation};
 use listen::Bound;
 
 use tonic::transport::{Identity, ServerTlsConfig};
@@ -32,13 +32,38 @@ use crate::engine::remote::RemoteIncludes;
 use crate::engine::settings;
 use crate::engine::{Engine, EngineConfig};
 use crate::plugins::{HostConfig, PluginHost};
-use crate::state::{RetentionPolicy, SqliteStore, StateStore};
+use crate::state::{PostgresOptions, PostgresStore, RetentionPolicy, SqliteStore, StateStore};
 
 /// How long connections may take to close after the drain.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// A client that connects must finish its TLS handshake within this time.
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Opens the state store `--state` names: SQLite in the data directory (locked for the
+/// engine's life) or PostgreSQL (migrated at connect). Messages show the URL redacted.
+async fn open_state(config: &ServeConfig) -> Result<Arc<dyn StateStore>, String> {
+    match &config.state {
+        StateLocation::Sqlite => {
+            let data_dir = config.data_dir.clone();
+            let store = tokio::task::spawn_blocking(move || SqliteStore::open(&data_dir))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("state store: {e}"))?;
+            Ok(Arc::new(store))
+        }
+        StateLocation::Postgres { url, password } => {
+            let options = PostgresOptions {
+                password: password.clone(),
+                ..PostgresOptions::default()
+            };
+            let store = PostgresStore::connect(url, options)
+                .await
+                .map_err(|e| format!("state store ({}): {e}", config.state.display()))?;
+            Ok(Arc::new(store))
+        }
+    }
+}
 
 pub fn run(args: ServeArgs) -> ExitCode {
     let config = match args.resolve() {
@@ -107,12 +132,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
             None
         }
     };
-    let data_dir = config.data_dir.clone();
-    let store = tokio::task::spawn_blocking(move || SqliteStore::open(&data_dir))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("state store: {e}"))?;
-    let store: Arc<dyn StateStore> = Arc::new(store);
+    let store = open_state(&config).await?;
 
     let mut host_config = HostConfig::with_data_dir(&config.data_dir);
     host_config.plugin_dirs = config.plugin_dirs.clone();
@@ -188,12 +208,9 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     health_reporter
         .set_serving::<trellis_proto::engine::v1::engine_server::EngineServer<api::EngineApi>>()
         .await;
-    // Both versions: grpcurl speaks v1, grpcio-reflection and many other tools v1alpha.
-    let reflection = reflection_builder()
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .map_err(|e| format!("reflection: {e}"))?;
-    let reflection_v1alpha = reflection_builder()
-        .build_v1alpha()
         .map_err(|e| format!("reflection: {e}"))?;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let engine_service = trellis_proto::engine::v1::engine_server::EngineServer::new(
@@ -235,7 +252,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     }
     // Tests and scripts read this line to learn the address (port 0 picks a free one).
     println!("trellis engine listening on {address}");
-    tracing::info!(address = %address, data_dir = %config.data_dir.display(), "engine started");
+    tracing::info!(address = %address, data_dir = %config.data_dir.display(), state = %config.state.display(), "engine started");
 
     let signal_engine = engine.clone();
     let signal_shutdown = shutdown.clone();
@@ -282,7 +299,6 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     let router = builder
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(reflection_v1alpha)
         .add_service(engine_service);
     let unix_socket = match &bound {
         Bound::Unix(_, path) => Some(path.clone()),
@@ -316,29 +332,6 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     host.shutdown().await;
     tracing::info!("engine stopped");
     result.map_err(|e| format!("server: {e}"))
-}
-
-/// The services this server answers, and only those, as reflection lists them.
-const SERVED_SERVICES: [&str; 4] = [
-    trellis_proto::engine::v1::engine_server::SERVICE_NAME,
-    tonic_health::pb::health_server::SERVICE_NAME,
-    tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME,
-    tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME,
-];
-
-/// A reflection service builder (one per version: the builder is consumed). The descriptor
-/// set also holds the plugin protocol's services, which the engine does not serve: naming
-/// the served ones keeps those out of the list, while every type stays resolvable.
-fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
-    let builder = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        // Each version's builder adds only its own reflection file; both are served.
-        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET);
-    SERVED_SERVICES
-        .iter()
-        .fold(builder, |b, name| b.with_service_name(*name))
 }
 
 async fn wait_for_signal() {
