@@ -208,9 +208,12 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     health_reporter
         .set_serving::<trellis_proto::engine::v1::engine_server::EngineServer<api::EngineApi>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
+    // Both versions: grpcurl speaks v1, grpcio-reflection and many other tools v1alpha.
+    let reflection = reflection_builder()
         .build_v1()
+        .map_err(|e| format!("reflection: {e}"))?;
+    let reflection_v1alpha = reflection_builder()
+        .build_v1alpha()
         .map_err(|e| format!("reflection: {e}"))?;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let engine_service = trellis_proto::engine::v1::engine_server::EngineServer::new(
@@ -299,6 +302,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     let router = builder
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(engine_service);
     let unix_socket = match &bound {
         Bound::Unix(_, path) => Some(path.clone()),
@@ -332,6 +336,29 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     host.shutdown().await;
     tracing::info!("engine stopped");
     result.map_err(|e| format!("server: {e}"))
+}
+
+/// The services this server answers, and only those, as reflection lists them.
+const SERVED_SERVICES: [&str; 4] = [
+    trellis_proto::engine::v1::engine_server::SERVICE_NAME,
+    tonic_health::pb::health_server::SERVICE_NAME,
+    tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME,
+    tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME,
+];
+
+/// A reflection service builder (one per version: the builder is consumed). The descriptor
+/// set also holds the plugin protocol's services, which the engine does not serve: naming
+/// the served ones keeps those out of the list, while every type stays resolvable.
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    let builder = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // Each version's builder adds only its own reflection file; both are served.
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET);
+    SERVED_SERVICES
+        .iter()
+        .fold(builder, |b, name| b.with_service_name(*name))
 }
 
 async fn wait_for_signal() {
