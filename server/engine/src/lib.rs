@@ -160,7 +160,9 @@ impl From<StateError> for EngineError {
                 EngineError::FailedPrecondition(e.to_string())
             }
             StateError::RequestIdReused { .. } => EngineError::AlreadyExists(e.to_string()),
-            StateError::EventsPruned { .. } => EngineError::FailedPrecondition(e.to_string()),
+            StateError::EventsPruned { .. } | StateError::Unsupported(_) => {
+                EngineError::FailedPrecondition(e.to_string())
+            }
             _ => EngineError::Internal(e.to_string()),
         }
     }

@@ -56,6 +56,8 @@ pub enum StateError {
     Io(String),
     /// Database failure (including "busy" and "store closed").
     Db(String),
+    /// Something this kind of store does not do (a backup of PostgreSQL: pg_dump's job).
+    Unsupported(String),
 }
 
 /// Why a write conflicts with the current state.
@@ -173,6 +175,7 @@ impl fmt::Display for StateError {
             StateError::Corrupt(msg) => write!(f, "corrupt state: {msg}"),
             StateError::Io(msg) => write!(f, "state i/o error: {msg}"),
             StateError::Db(msg) => write!(f, "state database error: {msg}"),
+            StateError::Unsupported(msg) => f.write_str(msg),
         }
     }
 }

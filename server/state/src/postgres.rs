@@ -1443,7 +1443,7 @@ impl StateStore for PostgresStore {
     }
 
     async fn backup(&self) -> Result<StateBackup> {
-        Err(StateError::rejected(format!(
+        Err(StateError::Unsupported(format!(
             "the state is in PostgreSQL ({}): back it up with pg_dump, not the engine",
             self.inner.pool.target()
         )))

@@ -226,6 +226,7 @@ async fn newer_schema_is_refused() {
 async fn backup_points_at_pg_dump() {
     let Some(h) = harness().await else { return };
     let err = h.store.backup().await.unwrap_err();
+    assert!(matches!(err, StateError::Unsupported(_)), "{err:?}");
     assert!(err.to_string().contains("pg_dump"), "{err}");
 }
 

@@ -59,7 +59,8 @@ pub enum Command {
     /// Provider and transformer plugins: list them, call a provider function.
     Plugins(crate::cli::plugin_cmds::PluginsArgs),
     /// Run the engine daemon: the engine API over gRPC (with health and reflection), state in
-    /// the data directory (SQLite), plugins discovered next to `trellis` and in --plugin-dir.
+    /// the data directory (SQLite) or in PostgreSQL (--state), plugins discovered next to
+    /// `trellis` and in --plugin-dir.
     ///
     /// Settings come from flags, TRELLIS_* environment variables and an optional TOML file
     /// (--config), in that order of precedence; docs/serve.md lists them all. Prints
