@@ -657,6 +657,40 @@ pub(crate) fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str, what: &s
     parse(text).ok_or_else(|| StateError::Corrupt(format!("{what}: unknown status {text:?}")))
 }
 
+// ---- shared by the stores ---------------------------------------------------------------------
+
+/// Counters are u64 in the API and signed 64-bit in both databases; a negative stored value is
+/// corruption.
+pub(crate) fn to_u64(v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| StateError::Corrupt(format!("{what}: negative value {v}")))
+}
+
+/// API numbers beyond i64 cannot exist in the database; clamp instead of wrapping.
+pub(crate) fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn non_empty(what: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(StateError::rejected(format!("{what} must not be empty")));
+    }
+    Ok(())
+}
+
+/// The resource a change is about ("" for changes about no resource).
+pub(crate) fn resource_name(change: &Change) -> &str {
+    match change {
+        Change::IntendCreate { name, .. }
+        | Change::ResourceCreated { name, .. }
+        | Change::IntendUpdate { name, .. }
+        | Change::ResourceUpdated { name, .. }
+        | Change::IntendDestroy { name, .. }
+        | Change::ResourceFailed { name, .. }
+        | Change::ResourceRemoved { name } => name,
+        _ => "",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -292,13 +292,6 @@ impl From<tokio_postgres::Error> for StateError {
     }
 }
 
-fn non_empty(what: &str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(StateError::rejected(format!("{what} must not be empty")));
-    }
-    Ok(())
-}
-
 /// Serializes concurrent transactions about one idempotency key until they end.
 async fn lock_request(tx: &Transaction<'_>, scope: &str, request_id: &str) -> Result<()> {
     let key = format!("trellis-state {scope} {request_id}");
@@ -768,19 +761,6 @@ impl W<'_> {
             }
         }
         Ok(())
-    }
-}
-
-fn resource_name(change: &Change) -> &str {
-    match change {
-        Change::IntendCreate { name, .. }
-        | Change::ResourceCreated { name, .. }
-        | Change::IntendUpdate { name, .. }
-        | Change::ResourceUpdated { name, .. }
-        | Change::IntendDestroy { name, .. }
-        | Change::ResourceFailed { name, .. }
-        | Change::ResourceRemoved { name } => name,
-        _ => "",
     }
 }
 

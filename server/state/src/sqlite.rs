@@ -497,16 +497,6 @@ impl From<rusqlite::Error> for StateError {
 
 // ---- conversions ------------------------------------------------------------------------------
 
-/// Counters are u64 in the API and i64 in SQLite; a negative stored value is corruption.
-fn to_u64(v: i64, what: &str) -> Result<u64> {
-    u64::try_from(v).map_err(|_| StateError::Corrupt(format!("{what}: negative value {v}")))
-}
-
-/// API numbers beyond i64 cannot exist in the database; clamp instead of wrapping.
-fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
 fn json_text(v: &Value) -> String {
     v.to_string()
 }
@@ -1220,26 +1210,6 @@ impl Tx<'_> {
         }
         Ok(())
     }
-}
-
-fn resource_name(change: &Change) -> &str {
-    match change {
-        Change::IntendCreate { name, .. }
-        | Change::ResourceCreated { name, .. }
-        | Change::IntendUpdate { name, .. }
-        | Change::ResourceUpdated { name, .. }
-        | Change::IntendDestroy { name, .. }
-        | Change::ResourceFailed { name, .. }
-        | Change::ResourceRemoved { name } => name,
-        _ => "",
-    }
-}
-
-fn non_empty(what: &str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(StateError::rejected(format!("{what} must not be empty")));
-    }
-    Ok(())
 }
 
 // ---- the trait --------------------------------------------------------------------------------

@@ -14,16 +14,6 @@ pub(super) fn col<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
         .map_err(|e| StateError::Corrupt(format!("column {i}: {e}")))
 }
 
-/// Counters are u64 in the API and BIGINT in PostgreSQL; a negative stored value is corruption.
-pub(super) fn to_u64(v: i64, what: &str) -> Result<u64> {
-    u64::try_from(v).map_err(|_| StateError::Corrupt(format!("{what}: negative value {v}")))
-}
-
-/// API numbers beyond i64 cannot exist in the database; clamp instead of wrapping.
-pub(super) fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
 pub(super) fn parse_json(text: &str, what: impl FnOnce() -> String) -> Result<Value> {
     serde_json::from_str(text).map_err(|e| StateError::Corrupt(format!("{}: {e}", what())))
 }
