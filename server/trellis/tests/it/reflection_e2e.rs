@@ -20,50 +20,41 @@ async fn channel(addr: &str) -> tonic::transport::Channel {
         .unwrap()
 }
 
-async fn list_v1(addr: &str) -> Vec<String> {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+/// The services reflection version `$v` lists (v1 and v1alpha are the same messages in two
+/// packages).
+macro_rules! list_services {
+    ($v:ident, $addr:expr) => {{
+        use tonic_reflection::pb::$v::ServerReflectionRequest;
+        use tonic_reflection::pb::$v::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$v::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$v::server_reflection_response::MessageResponse;
 
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut answers = ServerReflectionClient::new(channel(addr).await)
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    match answers.message().await.unwrap().map(|a| a.message_response) {
-        Some(Some(MessageResponse::ListServicesResponse(list))) => {
-            list.service.into_iter().map(|s| s.name).collect()
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut answers = ServerReflectionClient::new(channel($addr).await)
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        match answers.message().await.unwrap().map(|a| a.message_response) {
+            Some(Some(MessageResponse::ListServicesResponse(list))) => list
+                .service
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<Vec<String>>(),
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
-    }
+    }};
+}
+
+async fn list_v1(addr: &str) -> Vec<String> {
+    list_services!(v1, addr)
 }
 
 async fn list_v1alpha(addr: &str) -> Vec<String> {
-    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut answers = ServerReflectionClient::new(channel(addr).await)
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    match answers.message().await.unwrap().map(|a| a.message_response) {
-        Some(Some(MessageResponse::ListServicesResponse(list))) => {
-            list.service.into_iter().map(|s| s.name).collect()
-        }
-        other => panic!("{other:?}"),
-    }
+    list_services!(v1alpha, addr)
 }
 
 /// Asks v1alpha for the file defining `symbol`; true when it is found.
