@@ -63,14 +63,24 @@ fn target_profile_dir() -> PathBuf {
 
 /// A workspace binary, built with `cargo build -p <package>` (a no-op when
 /// up to date) into this test's target directory. `env_override` names an
-/// environment variable that points at a prebuilt binary instead.
+/// environment variable that points at a prebuilt binary instead. With
+/// `TRELLIS_TEST_PREBUILT=1` (CI, right after `cargo test --workspace` built every
+/// binary) one already in the target directory is taken as it is: `cargo build -p`
+/// resolves dependency features per package and would compile much of the
+/// workspace again.
 pub(crate) fn workspace_binary(package: &str, bin: &str, env_override: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(env_override) {
         return PathBuf::from(p);
     }
+    let target = target_profile_dir();
+    if std::env::var_os("TRELLIS_TEST_PREBUILT").is_some_and(|v| v == "1") {
+        let built = target.join(bin);
+        if built.exists() {
+            return built;
+        }
+    }
     // Crates live in `server/<crate>/`.
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = target_profile_dir();
     let mut args = vec!["build", "-q", "-p", package];
     if target.file_name().is_some_and(|n| n == "release") {
         args.push("--release");
