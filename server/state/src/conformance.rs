@@ -45,6 +45,7 @@ pub const CASES: &[&str] = &[
     "request_id_idempotency",
     "change_set_request_ids",
     "interrupted_operations",
+    "cancel_requests",
     "retention",
     "retention_runs_by_itself",
 ];
@@ -67,6 +68,7 @@ macro_rules! state_conformance_tests {
             request_id_idempotency,
             change_set_request_ids,
             interrupted_operations,
+            cancel_requests,
             retention,
             retention_runs_by_itself,
         );
@@ -1627,6 +1629,86 @@ pub async fn interrupted_operations(h: &Harness) {
     assert!(
         error.contains("engine-2") && error.contains("shut down"),
         "{error}"
+    );
+}
+
+/// Cancel requests: recorded on an operation that has not ended, announced to
+/// `cancel_requests` receivers, refused (`false`) once it ended, and not found for an unknown id.
+pub async fn cancel_requests(h: &Harness) {
+    let s = &h.store;
+    let a = instance(h, "a").await;
+    let la = lease(h, &a, "engine-1").await;
+    let running = s
+        .create_operation(new_operation(&a, "r1", "d", "engine-1"))
+        .await
+        .unwrap()
+        .operation;
+    s.commit(
+        &la,
+        vec![op_status(&running.id, OperationStatus::Running)],
+        vec![],
+    )
+    .await
+    .unwrap();
+    let pending = s
+        .create_operation(new_operation(&a, "p1", "d", "engine-1"))
+        .await
+        .unwrap()
+        .operation;
+    let untouched = s
+        .create_operation(new_operation(&a, "u1", "d", "engine-1"))
+        .await
+        .unwrap()
+        .operation;
+
+    let mut requests = s.cancel_requests();
+    assert!(!s.cancel_requested(&running.id).await.unwrap());
+    assert!(s.request_cancel(&running.id).await.unwrap());
+    assert!(s.request_cancel(&pending.id).await.unwrap());
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let id = tokio::time::timeout(Duration::from_secs(10), requests.recv())
+            .await
+            .expect("a cancel request is announced")
+            .unwrap();
+        // A store that also hears its own announcements back (PostgreSQL) may repeat one.
+        if !got.contains(&id) {
+            got.push(id);
+        }
+    }
+    got.sort();
+    let mut want = vec![running.id.clone(), pending.id.clone()];
+    want.sort();
+    assert_eq!(got, want);
+    assert!(s.cancel_requested(&running.id).await.unwrap());
+    assert!(s.cancel_requested(&pending.id).await.unwrap());
+    assert!(!s.cancel_requested(&untouched.id).await.unwrap());
+    // The request changes nothing else about the operation.
+    assert_eq!(
+        s.get_operation(&running.id).await.unwrap().status,
+        OperationStatus::Running
+    );
+
+    // An operation that ended has nothing to cancel.
+    s.commit(
+        &la,
+        vec![
+            op_status(&untouched.id, OperationStatus::Running),
+            op_status(&untouched.id, OperationStatus::Succeeded),
+        ],
+        vec![],
+    )
+    .await
+    .unwrap();
+    assert!(!s.request_cancel(&untouched.id).await.unwrap());
+    assert!(!s.cancel_requested(&untouched.id).await.unwrap());
+    assert_err!(
+        s.request_cancel("op-missing").await,
+        StateError::NotFound { .. }
+    );
+    assert_err!(
+        s.cancel_requested("op-missing").await,
+        StateError::NotFound { .. }
     );
 }
 

@@ -115,6 +115,16 @@ pub trait StateStore: Send + Sync + 'static {
     /// whose lease expired) `Interrupted`, fails the change sets they were executing, revokes
     /// their leases, and appends an `operation.interrupted` event for each. Returns them.
     async fn mark_interrupted(&self, scope: InterruptScope) -> Result<Vec<Operation>>;
+    /// Asks for the operation to be cancelled wherever it runs: records the request and tells
+    /// every engine sharing the store (see [`StateStore::cancel_requests`]). `Ok(false)` when
+    /// the operation already ended: there is nothing to cancel.
+    async fn request_cancel(&self, operation_id: &str) -> Result<bool>;
+    /// Whether a cancel was requested for the operation: the engine running it checks with each
+    /// heartbeat, in case it missed the notification.
+    async fn cancel_requested(&self, operation_id: &str) -> Result<bool>;
+    /// The ids of operations whose cancellation [`StateStore::request_cancel`] asked for, by any
+    /// engine sharing the store (best effort: a receiver that lags loses the oldest).
+    fn cancel_requests(&self) -> tokio::sync::broadcast::Receiver<String>;
 
     // ---- events -------------------------------------------------------------------------------
 

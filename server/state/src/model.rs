@@ -527,6 +527,8 @@ impl Default for RetentionPolicy {
 pub struct PruneReport {
     pub events_deleted: u64,
     pub change_sets_deleted: u64,
+    /// Nothing was done because another engine sharing the store was pruning it.
+    pub skipped: bool,
 }
 
 // ---- transition rules -------------------------------------------------------------------------

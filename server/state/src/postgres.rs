@@ -15,12 +15,14 @@
 //! - Time comes from the store's [`Clock`], never the server's `now()`.
 //! - Every connection has a `statement_timeout`, so a stuck lock or query fails a call instead
 //!   of hanging it.
-//! - Waiting for events: the in-process [`Notifier`], woken after each commit. This reaches
-//!   watchers of this process only; several replicas will need `LISTEN`/`NOTIFY` feeding it.
+//! - Waiting for events and cancel requests: the in-process [`Notifier`], woken after each
+//!   commit of this process and, through `LISTEN`/`NOTIFY`, of every other replica's
+//!   (`postgres/listen.rs`): a commit notifies in its own transaction.
 //! - Backups are `pg_dump`'s job: [`StateStore::backup`] says so.
 //! - The password (in the URL or [`PostgresOptions::password`]) never appears in a message:
 //!   [`redact_url`] is what gets printed.
 
+mod listen;
 mod pool;
 mod rows;
 mod schema;
@@ -139,7 +141,10 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: pool::Pool,
-    notifier: Notifier,
+    notifier: Arc<Notifier>,
+    /// Where commits and cancel requests are announced to every replica.
+    channel: String,
+    _listener: listen::Listener,
     options: PostgresOptions,
 }
 
@@ -178,7 +183,12 @@ impl PostgresStore {
         if let Some(schema) = &options.schema {
             setup.push_str(&format!(" SET search_path TO {};", quote_ident(schema)));
         }
-        let pool = pool::Pool::new(config, setup, shown, options.max_connections);
+        let pool = pool::Pool::new(
+            config.clone(),
+            setup,
+            shown.clone(),
+            options.max_connections,
+        );
         {
             let mut conn = pool.get().await?;
             let client = conn.client();
@@ -208,13 +218,36 @@ impl PostgresStore {
                     other => other,
                 })?;
         }
+        let notifier = Arc::new(Notifier::default());
+        let channel = listen::channel(options.schema.as_deref());
+        let listener = listen::start(config, shown, channel.clone(), notifier.clone()).await?;
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,
-                notifier: Notifier::default(),
+                notifier,
+                channel,
+                _listener: listener,
                 options,
             }),
         })
+    }
+
+    /// The database server's clock minus the store's clock, in milliseconds (the query's
+    /// round trip halved out). Timestamps and lease expiry come from each engine's clock, so
+    /// replicas must agree on the time: a large skew is worth a warning.
+    pub async fn clock_skew(&self) -> Result<i64> {
+        let mut conn = self.inner.pool.get().await?;
+        let before = self.inner.options.clock.now().as_millis();
+        let server: i64 = conn
+            .client()
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT",
+                &[],
+            )
+            .await?
+            .try_get(0)?;
+        let after = self.inner.options.clock.now().as_millis();
+        Ok(server - (before + after) / 2)
     }
 
     /// Runs `f` as one write transaction and returns once it committed; then wakes the watchers
@@ -236,6 +269,7 @@ impl PostgresStore {
             tx: &tx,
             now: self.inner.options.clock.now(),
             appended: Vec::new(),
+            channel: &self.inner.channel,
         };
         let result = f(&mut w).await;
         let appended = std::mem::take(&mut w.appended);
@@ -247,6 +281,24 @@ impl PostgresStore {
                 return Err(e);
             }
         };
+        if !appended.is_empty() {
+            // Delivered to the other replicas when (and only if) the transaction commits.
+            let payloads: Vec<String> = appended
+                .iter()
+                .map(|(instance_id, last_seq, _)| {
+                    listen::Message::Events {
+                        instance_id,
+                        last_seq: *last_seq,
+                    }
+                    .encode()
+                })
+                .collect();
+            tx.execute(
+                "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p",
+                &[&self.inner.channel, &payloads],
+            )
+            .await?;
+        }
         tx.commit().await?;
         crate::metrics::commit_took(started.elapsed());
         for (instance_id, last_seq, events) in appended {
@@ -308,6 +360,8 @@ struct W<'t> {
     now: Timestamp,
     /// Per append: the instance, its new last sequence number and how many events.
     appended: Vec<(String, u64, usize)>,
+    /// The store's notification channel.
+    channel: &'t str,
 }
 
 impl W<'_> {
@@ -1246,6 +1300,61 @@ impl StateStore for PostgresStore {
         .await
     }
 
+    async fn request_cancel(&self, operation_id: &str) -> Result<bool> {
+        let id = operation_id.to_owned();
+        let open = self
+            .write(Box::new(move |w| {
+                Box::pin(async move {
+                    get_operation(w.tx, &id).await?;
+                    let n =
+                        w.tx.execute(
+                            "UPDATE operations SET cancel_requested = TRUE \
+                             WHERE id = $1 AND status IN ($2, $3)",
+                            &[
+                                &id,
+                                &OperationStatus::Pending.as_str(),
+                                &OperationStatus::Running.as_str(),
+                            ],
+                        )
+                        .await?;
+                    if n > 0 {
+                        // Reaches the replica running it (this one included) at commit.
+                        let payload = listen::Message::Cancel { operation_id: &id }.encode();
+                        w.tx.execute("SELECT pg_notify($1, $2)", &[&w.channel, &payload])
+                            .await?;
+                    }
+                    Ok(n > 0)
+                })
+            }))
+            .await?;
+        if open {
+            // Not waiting for the notification's round trip through the server.
+            self.inner.notifier.cancel(operation_id);
+        }
+        Ok(open)
+    }
+
+    async fn cancel_requested(&self, operation_id: &str) -> Result<bool> {
+        let id = operation_id.to_owned();
+        self.read(Box::new(move |tx| {
+            Box::pin(async move {
+                get_operation(tx, &id).await?;
+                Ok(tx
+                    .query_one(
+                        "SELECT cancel_requested FROM operations WHERE id = $1",
+                        &[&id],
+                    )
+                    .await?
+                    .try_get(0)?)
+            })
+        }))
+        .await
+    }
+
+    fn cancel_requests(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.notifier.cancel_requests()
+    }
+
     async fn list_operations(&self, instance_id: &str) -> Result<Vec<Operation>> {
         let id = instance_id.to_owned();
         self.read(Box::new(move |tx| {
@@ -1267,6 +1376,22 @@ impl StateStore for PostgresStore {
                     InterruptScope::Owner(o) | InterruptScope::ShutDown(o) => Some(o.as_str()),
                     InterruptScope::Expired => None,
                 };
+                if owner.is_none() {
+                    // Replicas run this every few seconds: when no running operation's lease
+                    // lapsed (the usual case), finish without locking any instance.
+                    let lapsed =
+                        w.tx.query_opt(
+                            "SELECT 1 FROM operations o JOIN instances i ON i.id = o.instance_id \
+                             WHERE o.status = $1 AND NOT COALESCE(i.lease_owner IS NOT NULL \
+                             AND i.lease_expires_at > $2 AND i.lease_epoch = o.lease_epoch, \
+                             FALSE) LIMIT 1",
+                            &[&running, &now.as_millis()],
+                        )
+                        .await?;
+                    if lapsed.is_none() {
+                        return Ok(Vec::new());
+                    }
+                }
                 // Every instance this may write, locked up front in id order (see the module
                 // docs); the open operations are read after, under those locks.
                 w.tx.query(
@@ -1435,6 +1560,19 @@ impl StateStore for PostgresStore {
             Box::pin(async move {
                 let events_cutoff = w.now.minus(policy.events_older_than).as_millis();
                 let mut report = PruneReport::default();
+                // One replica at a time: another one pruning now does the work for both.
+                let ours: bool =
+                    w.tx.query_one(
+                        "SELECT pg_try_advisory_xact_lock(\
+                         hashtext('trellis-state retention ' || current_schema()))",
+                        &[],
+                    )
+                    .await?
+                    .try_get(0)?;
+                if !ours {
+                    report.skipped = true;
+                    return Ok(report);
+                }
                 // Locked in id order (see the module docs): the floor below is read from
                 // `last_seq`, which a concurrent commit must not move meanwhile.
                 let instances =

@@ -41,6 +41,9 @@ pub fn spawn_retention(
         loop {
             ticks.tick().await;
             match store.prune(&policy).await {
+                Ok(report) if report.skipped => tracing::debug!(
+                    "state retention skipped: another engine sharing the store is pruning it"
+                ),
                 Ok(report) if report != Default::default() => tracing::info!(
                     events = report.events_deleted,
                     change_sets = report.change_sets_deleted,

@@ -1665,6 +1665,46 @@ impl StateStore for SqliteStore {
         self.read(move |tx, _| find_operation(tx, &id)).await
     }
 
+    async fn request_cancel(&self, operation_id: &str) -> Result<bool> {
+        let id = operation_id.to_owned();
+        let open = self
+            .write(move |w| {
+                get_operation(w.tx, &id)?;
+                let n = w.tx.execute(
+                    "UPDATE operations SET cancel_requested = 1 WHERE id = ?1 AND status IN (?2, ?3)",
+                    rusqlite::params![
+                        id,
+                        OperationStatus::Pending.as_str(),
+                        OperationStatus::Running.as_str()
+                    ],
+                )?;
+                Ok(n > 0)
+            })
+            .await?;
+        if open {
+            self.inner.notifier.cancel(operation_id);
+        }
+        Ok(open)
+    }
+
+    async fn cancel_requested(&self, operation_id: &str) -> Result<bool> {
+        let id = operation_id.to_owned();
+        self.read(move |tx, _| {
+            get_operation(tx, &id)?;
+            let n: i64 = tx.query_row(
+                "SELECT cancel_requested FROM operations WHERE id = ?1",
+                [&id],
+                |r| r.get(0),
+            )?;
+            Ok(n != 0)
+        })
+        .await
+    }
+
+    fn cancel_requests(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.notifier.cancel_requests()
+    }
+
     async fn list_operations(&self, instance_id: &str) -> Result<Vec<Operation>> {
         let id = instance_id.to_owned();
         self.read(move |tx, _| {

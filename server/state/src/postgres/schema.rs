@@ -22,10 +22,11 @@ pub(super) struct Migration {
 /// reorder keys and drop duplicates: a value reads back exactly as written, as in SQLite).
 /// Timestamps are milliseconds since the Unix epoch, from the store's clock (never `now()`).
 /// `pos` (an identity column) keeps insertion order, which the API promises for lists.
-pub(super) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    sql: r#"
+pub(super) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sql: r#"
 CREATE TABLE instances (
     pos              BIGINT GENERATED ALWAYS AS IDENTITY,
     id               TEXT PRIMARY KEY,
@@ -149,7 +150,17 @@ CREATE TABLE events (
     PRIMARY KEY (instance_id, seq)
 );
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "cancel requests",
+        // Set by `request_cancel` on a pending or running operation: the replica running it stops
+        // it at a safe point (it is notified, and checks with every heartbeat).
+        sql: r#"
+ALTER TABLE operations ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE;
+"#,
+    },
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;

@@ -183,6 +183,15 @@ ALTER TABLE resources ADD COLUMN call_key TEXT;
 ALTER TABLE instances ADD COLUMN environment TEXT NOT NULL DEFAULT 'null';
 "#,
     },
+    Migration {
+        version: 7,
+        name: "cancel requests",
+        // Set by `request_cancel` on a pending or running operation: the engine running it
+        // stops it at a safe point (it is told, and checks with every heartbeat).
+        sql: r#"
+ALTER TABLE operations ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
+"#,
+    },
 ];
 
 /// The schema version this build writes.

@@ -152,6 +152,7 @@ postgres_conformance_tests!(
     request_id_idempotency,
     change_set_request_ids,
     interrupted_operations,
+    cancel_requests,
     retention,
     retention_runs_by_itself,
 );
@@ -281,4 +282,171 @@ async fn statement_timeout_fails_a_stuck_call() {
         .acquire_lease(&app.id, "engine-1", Duration::from_secs(30))
         .await
         .unwrap();
+}
+
+/// Two stores on one schema stand for two replicas: a commit through one wakes a watcher of
+/// the other (LISTEN/NOTIFY), and the watcher reads every event, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_wake_watchers_of_another_replica() {
+    let Some(_admin) = admin().await else { return };
+    let schema = Schema(fresh_schema());
+    let clock = Arc::new(ManualClock::default());
+    let a = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
+        .await
+        .unwrap();
+    let b = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
+        .await
+        .unwrap();
+    let instance = a.create_instance("app").await.unwrap();
+    let after = instance.last_seq;
+    // B waits for events past the creation; only A writes.
+    let waiting = {
+        let (b, id) = (b.clone(), instance.id.clone());
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while seen.len() < 3 {
+                let from = seen.last().copied().unwrap_or(after);
+                for e in b.wait_events(&id, from, 100).await.unwrap() {
+                    seen.push(e.seq);
+                }
+            }
+            seen
+        })
+    };
+    let lease = a
+        .acquire_lease(&instance.id, "replica-a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    for n in 0..3 {
+        a.commit(
+            &lease,
+            vec![],
+            vec![NewEvent::new("test.step", serde_json::json!({ "n": n }))],
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("replica B's watcher was woken by replica A's commits")
+        .unwrap();
+    assert_eq!(seen, vec![after + 1, after + 2, after + 3]);
+}
+
+/// A cancel requested through one replica is announced to the other, which runs the operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_requests_reach_another_replica() {
+    let Some(_admin) = admin().await else { return };
+    let schema = Schema(fresh_schema());
+    let clock = Arc::new(ManualClock::default());
+    let a = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
+        .await
+        .unwrap();
+    let b = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
+        .await
+        .unwrap();
+    let instance = a.create_instance("app").await.unwrap();
+    let op = a
+        .create_operation(NewOperation {
+            instance_id: instance.id.clone(),
+            kind: OperationKind::Deploy,
+            request_id: "r1".into(),
+            request_digest: "d".into(),
+            change_set_id: None,
+            owner: "replica-a".into(),
+        })
+        .await
+        .unwrap()
+        .operation;
+    let mut on_a = a.cancel_requests();
+    assert!(b.request_cancel(&op.id).await.unwrap());
+    let heard = tokio::time::timeout(Duration::from_secs(10), on_a.recv())
+        .await
+        .expect("replica A heard replica B's cancel request")
+        .unwrap();
+    assert_eq!(heard, op.id);
+    assert!(a.cancel_requested(&op.id).await.unwrap());
+}
+
+/// Retention runs on one replica at a time: while another holds the retention lock, a prune
+/// does nothing and says so; afterwards it prunes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_runs_on_one_replica_at_a_time() {
+    let Some(mut admin) = admin().await else {
+        return;
+    };
+    let schema = Schema(fresh_schema());
+    let clock = Arc::new(ManualClock::default());
+    let store = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
+        .await
+        .unwrap();
+    let instance = store.create_instance("app").await.unwrap();
+    let lease = store
+        .acquire_lease(&instance.id, "replica-a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    for n in 0..5 {
+        store
+            .commit(
+                &lease,
+                vec![],
+                vec![NewEvent::new("test.step", serde_json::json!({ "n": n }))],
+            )
+            .await
+            .unwrap();
+    }
+    clock.advance(Duration::from_secs(3600));
+    let policy = RetentionPolicy {
+        events_older_than: Duration::from_secs(60),
+        keep_last_events: 1,
+        change_sets_older_than: Duration::from_secs(60),
+    };
+    // "Another replica" pruning: the same lock, held by the admin session's transaction.
+    let other = admin.transaction().await.unwrap();
+    other
+        .execute(
+            &format!(
+                "SELECT pg_advisory_xact_lock(hashtext('trellis-state retention ' || '{}'))",
+                schema.0
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let report = store.prune(&policy).await.unwrap();
+    assert!(report.skipped, "{report:?}");
+    assert_eq!(report.events_deleted, 0);
+    other.rollback().await.unwrap();
+    let report = store.prune(&policy).await.unwrap();
+    assert!(!report.skipped, "{report:?}");
+    assert!(report.events_deleted > 0, "{report:?}");
+}
+
+/// The skew check compares the server's clock with the store's: near zero for the system
+/// clock on this machine, the manual clock's offset for a clock set far away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_skew_is_measured_against_the_server() {
+    let Some(_admin) = admin().await else { return };
+    let schema = Schema(fresh_schema());
+    let system = PostgresStore::connect(
+        &url(),
+        PostgresOptions {
+            clock: Arc::new(SystemClock),
+            ..options(&schema.0, Arc::new(ManualClock::default()))
+        },
+    )
+    .await
+    .unwrap();
+    let skew = system.clock_skew().await.unwrap();
+    assert!(skew.abs() < 5_000, "{skew} ms on one machine");
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(0)));
+    let behind = PostgresStore::connect(&url(), options(&schema.0, clock))
+        .await
+        .unwrap();
+    let skew = behind.clock_skew().await.unwrap();
+    assert!(
+        skew > 1_000_000_000_000,
+        "{skew} ms against a clock at 1970"
+    );
 }
