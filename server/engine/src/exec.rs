@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -1416,15 +1417,29 @@ pub fn rollback(
     }
 }
 
-/// Renews the lease every third of its time to live until `stop` fires; stops the run when the
-/// lease is lost (another engine took the instance over), since its writes would be fenced.
+/// How the heartbeat stops its operation.
+pub struct Stopper {
+    pub operation_id: String,
+    pub stop: CancellationToken,
+    /// Set when the stop is a cancel (not a lost lease).
+    pub cancel_requested: Arc<AtomicBool>,
+}
+
+/// Renews the lease every third of its time to live until `done` fires; stops the run when the
+/// lease is lost (another engine took the instance over), since its writes would be fenced,
+/// and cancels it when a cancel request is recorded that this engine was not told about.
 pub fn spawn_heartbeat(
     store: Arc<dyn StateStore>,
     lease: Arc<Mutex<Lease>>,
     ttl: Duration,
     done: CancellationToken,
-    stop: CancellationToken,
+    stopper: Stopper,
 ) {
+    let Stopper {
+        operation_id,
+        stop,
+        cancel_requested,
+    } = stopper;
     tokio::spawn(async move {
         let period = ttl / 3;
         loop {
@@ -1434,7 +1449,16 @@ pub fn spawn_heartbeat(
             }
             let current = lease.lock().unwrap_or_else(|e| e.into_inner()).clone();
             match store.heartbeat(&current, ttl).await {
-                Ok(renewed) => *lease.lock().unwrap_or_else(|e| e.into_inner()) = renewed,
+                Ok(renewed) => {
+                    *lease.lock().unwrap_or_else(|e| e.into_inner()) = renewed;
+                    if !stop.is_cancelled()
+                        && let Ok(true) = store.cancel_requested(&operation_id).await
+                    {
+                        tracing::info!(operation = %operation_id, "a cancel request was recorded: stopping the operation");
+                        cancel_requested.store(true, Ordering::SeqCst);
+                        stop.cancel();
+                    }
+                }
                 Err(StateError::Fenced { .. }) => {
                     tracing::error!(instance = %current.instance_id, "lease lost; stopping the operation");
                     stop.cancel();

@@ -223,6 +223,8 @@ pub struct Engine {
     /// first has recorded its operation, then gets that operation instead of a lease refusal.
     starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     rt: Handle,
+    /// Stops the engine's background tasks (the cancel-request listener) when it is dropped.
+    _background: tokio_util::sync::DropGuard,
 }
 
 fn now_nanos() -> i128 {
@@ -239,7 +241,9 @@ impl Engine {
         config: EngineConfig,
         rt: Handle,
     ) -> Arc<Engine> {
-        Arc::new(Engine {
+        let background = CancellationToken::new();
+        let mut cancels = store.cancel_requests();
+        let engine = Arc::new(Engine {
             store,
             host,
             provisioner,
@@ -252,7 +256,31 @@ impl Engine {
             queues: waiting::Queues::default(),
             starting: Mutex::new(HashMap::new()),
             rt,
-        })
+            _background: background.clone().drop_guard(),
+        });
+        // Cancel requests made through any engine sharing the store (another replica) stop the
+        // operation here if it runs here.
+        let this = Arc::downgrade(&engine);
+        engine.rt.spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                let id = tokio::select! {
+                    _ = background.cancelled() => return,
+                    r = cancels.recv() => match r {
+                        Ok(id) => id,
+                        Err(RecvError::Lagged(missed)) => {
+                            // The heartbeat's check still finds those.
+                            tracing::warn!(missed, "cancel requests arrived faster than handled");
+                            continue;
+                        }
+                        Err(RecvError::Closed) => return,
+                    },
+                };
+                let Some(engine) = this.upgrade() else { return };
+                engine.stop_running(&id);
+            }
+        });
+        engine
     }
 
     pub fn store(&self) -> &Arc<dyn StateStore> {

@@ -364,11 +364,24 @@ impl Engine {
             return Ok(ended.clone());
         }
         let op = self.store.get_operation(operation_id).await?;
-        if let Some(r) = self.running.get(operation_id) {
-            r.cancel_requested.store(true, Ordering::SeqCst);
-            r.stop.cancel();
+        if !self.stop_running(operation_id) && !op.status.is_terminal() {
+            // It runs on another engine sharing the store (or is about to start here): the
+            // store records the request and tells the engine running it.
+            self.store.request_cancel(operation_id).await?;
         }
         Ok(op)
+    }
+
+    /// Stops an operation running on this engine, as cancelled; whether it runs here.
+    pub(crate) fn stop_running(&self, operation_id: &str) -> bool {
+        match self.running.get(operation_id) {
+            Some(r) => {
+                r.cancel_requested.store(true, Ordering::SeqCst);
+                r.stop.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Runs an operation on a blocking thread (see `exec`) and records how it ended.
@@ -414,7 +427,11 @@ impl Engine {
                     lease.clone(),
                     this.config.lease_ttl,
                     heartbeat_done.clone(),
-                    stop.clone(),
+                    exec::Stopper {
+                        operation_id: op.id.clone(),
+                        stop: stop.clone(),
+                        cancel_requested: cancel_requested.clone(),
+                    },
                 );
                 let runner = this.clone();
                 let run_ctx = ctx.clone();
@@ -462,6 +479,13 @@ impl Engine {
             return;
         };
         let op = &ctx.operation;
+        if let StateError::Fenced { .. } = first {
+            // Taken over (this engine was frozen or cut off past its lease): the engine that
+            // took it recorded it interrupted, and nothing here may write any more.
+            tracing::warn!(operation = %op.id, instance = %op.instance_id, error = %first,
+                "another engine took the instance over and recorded the operation as interrupted; its end here is not recorded");
+            return;
+        }
         tracing::error!(operation = %op.id, instance = %op.instance_id, error = %first,
             "the state store refused to record the end of the operation; it is kept in memory and recorded once the store accepts writes");
         let note = format!(

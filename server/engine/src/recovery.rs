@@ -20,6 +20,20 @@ impl Engine {
         Ok(ops)
     }
 
+    /// Operations of other engines sharing the store whose lease expired (the engine died or
+    /// froze) are marked interrupted, with their instances; an engine that wakes up after
+    /// that is fenced. Called periodically when the store is shared (`--lease-check-interval`).
+    pub async fn take_over_expired(&self) -> Result<Vec<Operation>> {
+        let ops = self.store.mark_interrupted(InterruptScope::Expired).await?;
+        for op in &ops {
+            tracing::warn!(operation = %op.id, instance = %op.instance_id, owner = %op.owner,
+                "the operation's lease expired (its engine stopped renewing it): marking it interrupted");
+            crate::metrics::operation_ended(op, OperationStatus::Interrupted);
+        }
+        self.mark_instances_interrupted(&ops).await;
+        Ok(ops)
+    }
+
     async fn mark_instances_interrupted(&self, ops: &[Operation]) {
         let mut seen = std::collections::HashSet::new();
         for op in ops {

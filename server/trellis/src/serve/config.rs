@@ -24,6 +24,7 @@ pub(super) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const DEFAULT_MAX_INCLUDE_BYTES: u64 = 1024 * 1024;
 pub(super) const DEFAULT_MAX_INPUT_SIZE: usize = crate::document::DEFAULT_MAX_INPUT_BYTES;
 pub(super) const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+pub(super) const DEFAULT_LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 pub(super) const DEFAULT_EVENT_RETENTION_DAYS: u32 = 30;
 /// Connections: well under the usual descriptor limit of 1024, which plugins and the state
 /// store share.
@@ -172,6 +173,17 @@ pub struct ServeArgs {
     /// free port, printed at startup). Off unless given.
     #[arg(long, value_name = "ADDR", env = "TRELLIS_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// This engine's name in the state: the owner of the operations it runs and the leases it
+    /// holds. Unique among replicas sharing a PostgreSQL database, and best stable across
+    /// restarts (a restarted replica then marks what it left unfinished interrupted at once).
+    /// Default: the data directory (SQLite), HOSTNAME:DATA_DIR (PostgreSQL).
+    #[arg(long, value_name = "NAME", env = "TRELLIS_REPLICA_NAME")]
+    pub replica_name: Option<String>,
+    /// With PostgreSQL state: how often this replica looks for operations whose lease expired
+    /// (their replica died or froze) and marks them interrupted: seconds or a duration like
+    /// `5s` (default 5s). Such an operation is noticed within lease-ttl plus this.
+    #[arg(long, value_name = "SECONDS", env = "TRELLIS_LEASE_CHECK_INTERVAL", value_parser = parse_duration)]
+    pub lease_check_interval: Option<Duration>,
     /// Serve without authentication on a non-loopback address (no `[auth]` in the config
     /// file). Anyone who can reach the port can deploy and read secrets; a warning is logged
     /// at every start. Only a flag: no environment variable or config key turns it on.
@@ -218,6 +230,10 @@ pub struct ServeConfig {
     pub insecure_no_auth: bool,
     /// `--metrics-listen`: where `/metrics` is served over HTTP; `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
+    /// `--replica-name`, or its default: who owns this engine's operations and leases.
+    pub replica_name: String,
+    /// `--lease-check-interval`: how often expired leases of other replicas are looked for.
+    pub lease_check_interval: Duration,
 }
 
 /// The `[auth]` table, checked.
@@ -391,6 +407,10 @@ struct FileSettings {
     tcp_keepalive: Option<FileDuration>,
     #[serde(alias = "metrics_listen")]
     metrics_listen: Option<String>,
+    #[serde(alias = "replica_name")]
+    replica_name: Option<String>,
+    #[serde(alias = "lease_check_interval")]
+    lease_check_interval: Option<FileDuration>,
     /// `[providers.<namespace>]`: provider configuration (serve/providers.rs).
     providers: Option<toml::Table>,
     /// `[injectors."<type>"]`: property injectors.
@@ -705,6 +725,22 @@ impl ServeArgs {
         if lease_ttl.is_zero() {
             return Err(origin.error("lease-ttl", "must be longer than 0"));
         }
+        let (lease_check_interval, origin) = layer_or(
+            self.lease_check_interval,
+            settings.lease_check_interval.map(|d| d.0),
+            file,
+            DEFAULT_LEASE_CHECK_INTERVAL,
+        );
+        if lease_check_interval.is_zero() {
+            return Err(origin.error("lease-check-interval", "must be longer than 0"));
+        }
+        let replica_name = match layer(self.replica_name, settings.replica_name, file) {
+            Some((name, origin)) => {
+                check_replica_name(&name).map_err(|e| origin.error("replica-name", e))?;
+                name
+            }
+            None => default_replica_name(&state, &data_dir),
+        };
 
         let (retention_days, origin) = layer_or(
             self.event_retention_days,
@@ -812,7 +848,44 @@ impl ServeArgs {
             lease_ttl,
             event_retention: DAY * retention_days,
             connections,
+            replica_name,
+            lease_check_interval,
         })
+    }
+}
+
+/// A replica name is printed in logs and stored with every operation: printable, one line.
+fn check_replica_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > 200 {
+        return Err("must be at most 200 bytes".into());
+    }
+    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!("{name:?} holds whitespace or control characters"));
+    }
+    Ok(())
+}
+
+/// SQLite admits one engine per data directory, which names it (as it always has). Replicas
+/// on PostgreSQL may share a data directory path on different machines: the host name tells
+/// them apart.
+fn default_replica_name(state: &StateLocation, data_dir: &Path) -> String {
+    match state {
+        StateLocation::Sqlite => data_dir.display().to_string(),
+        StateLocation::Postgres { .. } => format!("{}:{}", host_name(), data_dir.display()),
+    }
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that much.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(name) if rc == 0 && !name.is_empty() => name.to_owned(),
+        _ => "localhost".to_owned(),
     }
 }
 

@@ -40,6 +40,9 @@ const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 /// A client that connects must finish its TLS handshake within this time.
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// A clock this far from the database server's is worth a warning at startup.
+const CLOCK_SKEW_WARNING: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Opens the state store `--state` names: SQLite in the data directory (locked for the
 /// engine's life) or PostgreSQL (migrated at connect). Messages show the URL redacted.
 async fn open_state(config: &ServeConfig) -> Result<Arc<dyn StateStore>, String> {
@@ -60,6 +63,17 @@ async fn open_state(config: &ServeConfig) -> Result<Arc<dyn StateStore>, String>
             let store = PostgresStore::connect(url, options)
                 .await
                 .map_err(|e| format!("state store ({}): {e}", config.state.display()))?;
+            // Replicas compare lease expiry with their own clocks (docs/state.md, "Replicas").
+            match store.clock_skew().await {
+                Ok(skew) if skew.unsigned_abs() > CLOCK_SKEW_WARNING.as_millis() as u64 => {
+                    tracing::warn!(skew_ms = skew, lease_ttl = ?config.lease_ttl,
+                        "this machine's clock differs from the database server's: replicas judge lease expiry by their own clocks, so keep them in sync (NTP)")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not compare clocks with the database server")
+                }
+            }
             Ok(Arc::new(store))
         }
     }
@@ -174,7 +188,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
             assets: assets.clone(),
         }),
         EngineConfig {
-            owner: format!("trellis@{}", config.data_dir.display()),
+            owner: format!("trellis@{}", config.replica_name),
             max_parallel: config.max_parallel,
             lease_ttl: config.lease_ttl,
             max_input_size: config.max_input_size,
@@ -194,6 +208,13 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     for op in &interrupted {
         tracing::warn!(operation = %op.id, instance = %op.instance_id, "operation from a previous run marked interrupted");
     }
+    // Replicas on one database: each looks for operations another one left behind (it died or
+    // froze past its lease) and marks them interrupted. One engine per SQLite file needs none.
+    let _takeover = matches!(config.state, StateLocation::Postgres { .. }).then(|| {
+        let engine = engine.clone();
+        let every = config.lease_check_interval;
+        spawn_lease_checks(engine, every).drop_guard()
+    });
     let _retention = crate::state::spawn_retention(
         store.clone(),
         RetentionPolicy {
@@ -349,6 +370,33 @@ const SERVED_SERVICES: [&str; 4] = [
 /// A reflection service builder (one per version: the builder is consumed). The descriptor
 /// set also holds the plugin protocol's services, which the engine does not serve: naming
 /// the served ones keeps those out of the list, while every type stays resolvable.
+/// Calls [`Engine::take_over_expired`] every `every` until the returned token is cancelled.
+/// A failed check (the database briefly away) is logged and tried again at the next tick.
+fn spawn_lease_checks(
+    engine: Arc<Engine>,
+    every: std::time::Duration,
+) -> tokio_util::sync::CancellationToken {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stopped.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            if engine.is_draining() {
+                return;
+            }
+            if let Err(e) = engine.take_over_expired().await {
+                tracing::warn!(error = %e, "could not check for expired leases; retrying");
+            }
+        }
+    });
+    stop
+}
+
 fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
     let builder = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)

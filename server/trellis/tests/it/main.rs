@@ -32,6 +32,7 @@ mod logs_e2e;
 mod metrics_e2e;
 mod plugins_cli;
 mod reflection_e2e;
+mod replicas_e2e;
 mod secrets_e2e;
 mod serve_e2e;
 mod serve_hostile_e2e;
