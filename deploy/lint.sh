@@ -21,13 +21,17 @@ cleanup() {
 trap cleanup EXIT
 
 echo "--- manifests (REQUIRED: python3 with PyYAML)"
+# Both Kubernetes variants (rendered by kubectl or kustomize too when installed) and both
+# compose files; then the same checks against copies with deliberate mistakes, each of which
+# must fail.
 python3 deploy/check_manifests.py
+python3 deploy/check_manifests.py --self-test
 
 echo "--- systemd unit"
 if command -v systemd-analyze >/dev/null 2>&1; then
   # verify insists that ExecStart's binary exists: point it at the one just built (or any
   # executable) so the rest of the unit is what is checked.
-  exe="$(realpath "$bin" 2>/dev/null || command -v true)"
+  exe="$(realpath -e "$bin" 2>/dev/null || command -v true)"
   sed "s#/usr/local/bin/trellis#${exe}#" deploy/systemd/trellis.service >"$tmp/trellis.service"
   # verify exits 0 on an unknown key or a bad value, only logging it: any output fails.
   out="$(systemd-analyze verify "$tmp/trellis.service" 2>&1)" || { echo "$out" >&2; exit 1; }
@@ -53,6 +57,9 @@ if [ ! -x "$bin" ]; then
   echo "no engine binary at $bin: build it (cargo build -p trellis) or set TRELLIS_BIN" >&2
   exit 1
 fi
+# The variables the manifests set (TRELLIS_STATE, TRELLIS_REPLICA_NAME, ...) are ones this
+# binary reads, by its `serve --help`, not only by the source.
+python3 deploy/check_manifests.py --engine "$bin"
 # The file as shipped, beside a tokens file made the documented way (the Secret's
 # placeholder plus one token). listen and data-dir are overridden by flags, which beat the
 # file: loopback only, and a fresh state directory.
@@ -60,7 +67,7 @@ mkdir -p "$tmp/etc/tokens"
 cp deploy/trellis.toml "$tmp/etc/trellis.toml"
 python3 - "$tmp/etc/tokens/tokens.toml" <<'EOF'
 import sys, yaml
-with open("deploy/kubernetes/secret.yaml") as f:
+with open("deploy/kubernetes/base/secret.yaml") as f:
     placeholder = yaml.safe_load(f)["stringData"]["tokens.toml"]
 with open(sys.argv[1], "w") as f:
     f.write(placeholder)
