@@ -58,6 +58,11 @@ fn base_name(path: &str) -> &str {
     path.rsplit('/').find(|p| !p.is_empty()).unwrap_or(path)
 }
 
+/// What an asset is kept under in a shared state: `sha256:<hex>/<name>`.
+fn key(digest: &str, name: &str) -> String {
+    format!("{digest}/{name}")
+}
+
 /// `asset:sha256:<hex>/<name>`.
 pub fn uri(digest: &str, name: &str) -> String {
     format!("{SCHEME}{digest}/{name}")
@@ -167,15 +172,95 @@ fn digest(name: &str, directory: bool, files: &[(String, Vec<u8>, bool)]) -> Str
     format!("sha256:{}", trellis_ids::digest(&parts))
 }
 
-/// The engine's copies of assets: `<root>/<hex>/<name>`, written once, never changed.
-#[derive(Clone, Debug)]
+/// The engine's copies of assets: `<root>/<hex>/<name>`, written once, never changed. With a
+/// state store shared by replicas, each asset is also kept there, and a replica that executes
+/// a plan another one made fetches what it lacks.
+#[derive(Clone)]
 pub struct Store {
     root: PathBuf,
+    shared: Option<std::sync::Arc<dyn crate::state::StateStore>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("root", &self.root)
+            .field("shared", &self.shared.is_some())
+            .finish()
+    }
 }
 
 impl Store {
     pub fn new(root: impl Into<PathBuf>) -> Store {
-        Store { root: root.into() }
+        Store {
+            root: root.into(),
+            shared: None,
+        }
+    }
+
+    /// Also keeps assets in `state`, when it shares them between engines.
+    pub fn shared_through(mut self, state: std::sync::Arc<dyn crate::state::StateStore>) -> Store {
+        if state.shares_assets() {
+            self.shared = Some(state);
+        }
+        self
+    }
+
+    /// Keeps `a` in the shared state too (nothing without one).
+    pub async fn share(&self, a: &Received) -> Result<(), String> {
+        let Some(state) = &self.shared else {
+            return Ok(());
+        };
+        let key = key(&a.digest, a.name());
+        let encoded = prost::Message::encode_to_vec(&api::Asset {
+            path: a.name().to_owned(),
+            directory: a.directory,
+            files: a
+                .files
+                .iter()
+                .map(|(path, content, executable)| api::AssetFile {
+                    path: path.clone(),
+                    content: content.clone(),
+                    executable: *executable,
+                })
+                .collect(),
+        });
+        state
+            .put_asset(&key, encoded)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Copies the asset `digest`/`name` from the shared state into this engine's copies;
+    /// `Ok(false)` when the state does not have it either (or is not shared). What it holds is
+    /// checked against the digest before it is used.
+    async fn fetch(&self, digest: &str, name: &str) -> Result<bool, String> {
+        let Some(state) = &self.shared else {
+            return Ok(false);
+        };
+        let Some(encoded) = state
+            .get_asset(&key(digest, name))
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(false);
+        };
+        let asset = <api::Asset as prost::Message>::decode(encoded.as_slice())
+            .map_err(|e| format!("the asset {digest}/{name} in the state is damaged: {e}"))?;
+        let received = receive(vec![asset])?
+            .pop()
+            .ok_or_else(|| format!("the asset {digest}/{name} in the state is empty"))?;
+        if received.digest != digest || received.name() != name {
+            return Err(format!(
+                "the asset {digest}/{name} in the state does not match its digest"
+            ));
+        }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.put(&received))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("keeping the asset {digest}/{name}: {e}"))?;
+        Ok(true)
     }
 
     /// Where the copy of the asset `digest` named `name` is (whether or not it exists).
@@ -393,7 +478,10 @@ pub fn resolve(
 /// string is looked at, not only `local_asset` fields: a URI is a content digest, so naming
 /// one anywhere hands over only what its content already is. A copy that is gone is an error
 /// naming it.
-pub fn call_assets(store: &Store, spec: &pb::Value) -> Result<BTreeMap<String, String>, String> {
+pub async fn call_assets(
+    store: &Store,
+    spec: &pb::Value,
+) -> Result<BTreeMap<String, String>, String> {
     fn walk(v: &pb::Value, out: &mut Vec<String>) {
         use pb::value::Kind;
         match &v.kind {
@@ -415,7 +503,8 @@ pub fn call_assets(store: &Store, spec: &pb::Value) -> Result<BTreeMap<String, S
             continue;
         };
         let at = store.path_of(digest, name);
-        if !at.exists() {
+        // Planned through another replica: its copy is in the shared state.
+        if !at.exists() && !store.fetch(digest, name).await? {
             return Err(format!(
                 "the asset {value} is not in the engine's data directory: plan the change again to send it"
             ));
@@ -507,8 +596,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_store_keeps_a_copy_once_with_modes() {
+    #[tokio::test]
+    async fn the_store_keeps_a_copy_once_with_modes() {
         let root =
             std::env::temp_dir().join(format!("trellis-assets-{}", trellis_ids::random_hex(6)));
         let store = Store::new(&root);
@@ -533,14 +622,14 @@ mod tests {
         let spec = crate::plugins::values::from_json(
             &serde_json::json!({"code": {"uri": a.uri()}, "other": "asset:not-one"}),
         );
-        let got = call_assets(&store, &spec).unwrap();
+        let got = call_assets(&store, &spec).await.unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(
             got.get(&a.uri()).map(String::as_str),
             Some(at.to_str().unwrap())
         );
         std::fs::remove_dir_all(&root).unwrap();
-        let gone = call_assets(&store, &spec).unwrap_err();
+        let gone = call_assets(&store, &spec).await.unwrap_err();
         assert!(gone.contains("plan the change again"), "{gone}");
     }
 }

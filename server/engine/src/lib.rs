@@ -309,6 +309,12 @@ impl Engine {
         received: Vec<assets::Received>,
     ) -> Result<IndexMap<String, String>> {
         let store = self.config.assets.clone();
+        for a in &received {
+            // Any replica may execute the plan: it finds the content in the shared state.
+            store.share(a).await.map_err(|e| {
+                EngineError::Internal(format!("keeping the asset `{}`: {e}", a.path))
+            })?;
+        }
         tokio::task::spawn_blocking(move || {
             let mut out = IndexMap::new();
             for a in &received {

@@ -261,7 +261,9 @@ impl PluginProvisioner {
             .host
             .provider(namespace(&target.resource_type))
             .map_err(|e| Failure::new(describe(&e)))?;
-        let local_assets = crate::assets::call_assets(&self.assets, &spec).map_err(Failure::new)?;
+        let local_assets = crate::assets::call_assets(&self.assets, &spec)
+            .await
+            .map_err(Failure::new)?;
         let req = pb::ApplyResourceRequest {
             context: (!local_assets.is_empty()).then(|| pb::CallContext {
                 local_assets: local_assets.into_iter().collect(),

@@ -46,6 +46,7 @@ pub const CASES: &[&str] = &[
     "change_set_request_ids",
     "interrupted_operations",
     "cancel_requests",
+    "local_assets",
     "retention",
     "retention_runs_by_itself",
 ];
@@ -69,6 +70,7 @@ macro_rules! state_conformance_tests {
             change_set_request_ids,
             interrupted_operations,
             cancel_requests,
+            local_assets,
             retention,
             retention_runs_by_itself,
         );
@@ -1630,6 +1632,36 @@ pub async fn interrupted_operations(h: &Harness) {
         error.contains("engine-2") && error.contains("shut down"),
         "{error}"
     );
+}
+
+/// Local assets: a store shared by several engines keeps them by key (a content digest, so
+/// keeping one again changes nothing) and gives back exactly the bytes kept; a store of one
+/// engine says it does not keep them.
+pub async fn local_assets(h: &Harness) {
+    let s = &h.store;
+    let key = "sha256:0123abcd/code";
+    if !s.shares_assets() {
+        assert_err!(
+            s.put_asset(key, b"zip".to_vec()).await,
+            StateError::Unsupported(_)
+        );
+        assert_err!(s.get_asset(key).await, StateError::Unsupported(_));
+        return;
+    }
+    assert_eq!(s.get_asset(key).await.unwrap(), None);
+    s.put_asset(key, b"zip".to_vec()).await.unwrap();
+    s.put_asset(key, b"zip".to_vec()).await.unwrap();
+    assert_eq!(s.get_asset(key).await.unwrap(), Some(b"zip".to_vec()));
+    let every_byte: Vec<u8> = (0..=255).collect();
+    s.put_asset("sha256:ff/all", every_byte.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get_asset("sha256:ff/all").await.unwrap(),
+        Some(every_byte)
+    );
+    assert_eq!(s.get_asset("sha256:0123abcd/other").await.unwrap(), None);
+    assert!(s.put_asset("", vec![]).await.is_err());
 }
 
 /// Cancel requests: recorded on an operation that has not ended, announced to

@@ -154,6 +154,21 @@ pub trait StateStore: Send + Sync + 'static {
     /// answers an error saying so.
     async fn backup(&self) -> Result<StateBackup>;
 
+    // ---- local assets -------------------------------------------------------------------------
+
+    /// Whether engines sharing this store also share local assets through it: true for
+    /// PostgreSQL (replicas: a plan through one, its execution through another), false for
+    /// SQLite (one engine, which keeps them in its data directory).
+    fn shares_assets(&self) -> bool {
+        false
+    }
+    /// Keeps an asset's content under `key` (`sha256:<hex>/<name>`, a content digest: keeping
+    /// it again does nothing). `Unsupported` where [`StateStore::shares_assets`] is false.
+    async fn put_asset(&self, key: &str, content: Vec<u8>) -> Result<()>;
+    /// The content kept under `key`, `None` if none is. `Unsupported` where
+    /// [`StateStore::shares_assets`] is false.
+    async fn get_asset(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
     // ---- provided on top of the above -------------------------------------------------------
 
     /// Like `events_since`, but waits until at least one event exists (cancel by dropping).

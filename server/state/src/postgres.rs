@@ -1355,6 +1355,42 @@ impl StateStore for PostgresStore {
         self.inner.notifier.cancel_requests()
     }
 
+    fn shares_assets(&self) -> bool {
+        true
+    }
+
+    async fn put_asset(&self, key: &str, content: Vec<u8>) -> Result<()> {
+        non_empty("asset key", key)?;
+        let key = key.to_owned();
+        self.write(Box::new(move |w| {
+            Box::pin(async move {
+                // The key is a digest of the content: a row already there holds the same.
+                w.tx.execute(
+                    "INSERT INTO assets (key, content, created_at) VALUES ($1, $2, $3) \
+                     ON CONFLICT (key) DO NOTHING",
+                    &[&key, &content, &w.now_ms()],
+                )
+                .await?;
+                Ok(())
+            })
+        }))
+        .await
+    }
+
+    async fn get_asset(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let key = key.to_owned();
+        self.read(Box::new(move |tx| {
+            Box::pin(async move {
+                Ok(tx
+                    .query_opt("SELECT content FROM assets WHERE key = $1", &[&key])
+                    .await?
+                    .map(|row| row.try_get::<_, Vec<u8>>(0))
+                    .transpose()?)
+            })
+        }))
+        .await
+    }
+
     async fn list_operations(&self, instance_id: &str) -> Result<Vec<Operation>> {
         let id = instance_id.to_owned();
         self.read(Box::new(move |tx| {

@@ -749,6 +749,14 @@ fn get_change_set_head(tx: &Transaction<'_>, id: &str) -> Result<ChangeSet> {
     .unwrap_or_else(|| Err(StateError::not_found("change set", id)))
 }
 
+/// One engine uses a SQLite store, and keeps local assets in its data directory.
+fn not_shared() -> StateError {
+    StateError::Unsupported(
+        "the SQLite store does not keep local assets: its engine keeps them in its data directory"
+            .into(),
+    )
+}
+
 fn get_operation(tx: &Transaction<'_>, id: &str) -> Result<Operation> {
     tx.prepare_cached(&format!(
         "SELECT {OPERATION_COLS} FROM operations WHERE id = ?1"
@@ -1703,6 +1711,14 @@ impl StateStore for SqliteStore {
 
     fn cancel_requests(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.inner.notifier.cancel_requests()
+    }
+
+    async fn put_asset(&self, _key: &str, _content: Vec<u8>) -> Result<()> {
+        Err(not_shared())
+    }
+
+    async fn get_asset(&self, _key: &str) -> Result<Option<Vec<u8>>> {
+        Err(not_shared())
     }
 
     async fn list_operations(&self, instance_id: &str) -> Result<Vec<Operation>> {

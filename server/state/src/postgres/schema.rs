@@ -160,6 +160,19 @@ CREATE TABLE events (
 ALTER TABLE operations ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE;
 "#,
     },
+    Migration {
+        version: 3,
+        name: "shared assets",
+        // Local assets a plan carried, so any replica can execute it: keyed by
+        // `sha256:<hex>/<name>` (a content digest), the content as the engine encodes it.
+        sql: r#"
+CREATE TABLE assets (
+    key        TEXT PRIMARY KEY,
+    content    BYTEA NOT NULL,
+    created_at BIGINT NOT NULL
+);
+"#,
+    },
 ];
 
 /// The schema version this build writes.

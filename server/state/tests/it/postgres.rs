@@ -153,6 +153,7 @@ postgres_conformance_tests!(
     change_set_request_ids,
     interrupted_operations,
     cancel_requests,
+    local_assets,
     retention,
     retention_runs_by_itself,
 );

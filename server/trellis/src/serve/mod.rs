@@ -179,7 +179,8 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     )
     .map_err(|e| format!("remote includes (--allow-include-host): {e}"))?;
     // Local assets a request carries are kept beside the state, by digest (docs/assets.md).
-    let assets = crate::engine::assets::Store::new(config.data_dir.join("assets"));
+    let assets = crate::engine::assets::Store::new(config.data_dir.join("assets"))
+        .shared_through(store.clone());
     let engine = Engine::new(
         store.clone(),
         host.clone(),

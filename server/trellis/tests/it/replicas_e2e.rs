@@ -6,8 +6,9 @@
 //! What they show: a deploy through A watched through B, gap-free and in order; a cancel
 //! through B stopping an operation on A; A killed mid-deploy, B marking it interrupted and
 //! finishing the work with every resource created exactly once (the sim journal); 50
-//! concurrent executes of one change set spread over both, exactly one of which runs; and A
-//! paused past its lease, unable to write once it resumes.
+//! concurrent executes of one change set spread over both, exactly one of which runs; A
+//! paused past its lease, unable to write once it resumes; a drained A recording what it
+//! stopped; and a plan whose local assets were sent to A executed through B.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -19,8 +20,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use trellis_proto::engine::v1 as api;
 
-use crate::engine_common::{Engine, cli_in_background, write};
+use crate::aws_moto::{CREDENTIALS, boto, moto, unique};
+use crate::engine_common::{Engine, all_output, cli_in_background, plugin_dir, write};
 use crate::plugins_common::TempDir;
+use crate::plugins_common::workspace_binary;
 
 const DEFAULT_URL: &str = "postgres://root@127.0.0.1:5432/test";
 /// How long anything here may take on a loaded machine before it counts as hung.
@@ -434,4 +437,120 @@ fn signal(engine: &Engine, sig: i32) {
     unsafe {
         libc::kill(engine.pid() as i32, sig);
     }
+}
+
+#[test]
+fn a_drained_replica_records_what_it_stopped_and_another_takes_it_up() {
+    let Some(db) = Database::create("drain") else {
+        return;
+    };
+    let root = TempDir::new("e2e-replicas-drain");
+    let mut a = replica(
+        root.path(),
+        "a",
+        &db,
+        &["--drain-timeout", "1s", "--max-parallel", "1"],
+    );
+    let b = replica(root.path(), "b", &db, &[]);
+    write(&root.join("slow.yaml"), &sims(6, 1500));
+    let deploy = cli_in_background(
+        &a,
+        &["deploy", "slow.yaml", "--instance", "d"],
+        "d",
+        "resource.create_requested",
+    );
+    assert_eq!(a.terminate_within(PATIENCE), Some(0));
+    let out = deploy.wait_with_output().unwrap();
+    assert!(
+        all_output(&out).contains("shut down"),
+        "{}",
+        all_output(&out)
+    );
+    // Recorded by A before it exited, not left for B's lease check to find.
+    let ops = operations(&b, "d");
+    assert_eq!(
+        status_name(&ops[0]),
+        "OPERATION_STATUS_INTERRUPTED",
+        "{ops:?}"
+    );
+    assert!(ops[0].error.contains("shut down"), "{ops:?}");
+    assert_eq!(b.instance("d")["status"], "INTERRUPTED");
+    let (code, out) = b.json(&["deploy", "slow.yaml", "--instance", "d"]);
+    assert_eq!(code, 0, "{out}");
+    let made = creates(root.path());
+    assert_eq!(made.len(), 6, "{made:?}");
+    assert!(made.values().all(|n| *n == 1), "{made:?}");
+}
+
+/// A replica with the `aws` plugin configured for moto.
+fn aws_replica(root: &Path, name: &str, db: &Database, endpoint: &str) -> Engine {
+    let home = root.join(name);
+    let link = plugin_dir(&home).join("trellis-provider-aws");
+    if !link.exists() {
+        let aws = workspace_binary(
+            "trellis-provider-aws",
+            "trellis-provider-aws",
+            "TRELLIS_TEST_AWS",
+        );
+        std::os::unix::fs::symlink(aws, link).unwrap();
+    }
+    let config = home.join("engine.toml");
+    write(
+        &config,
+        &format!("[providers.aws]\nregion = \"us-east-1\"\nendpoint = \"{endpoint}\"\n"),
+    );
+    let mut b = Engine::builder(&home).cwd(root).args(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--state",
+        &db.url,
+        "--replica-name",
+        name,
+    ]);
+    for (k, v) in CREDENTIALS {
+        b = b.env(k, v);
+    }
+    b.start()
+}
+
+#[test]
+fn local_assets_sent_to_one_replica_reach_the_other() {
+    let Some(m) = moto() else { return };
+    let Some(db) = Database::create("assets") else {
+        return;
+    };
+    let root = TempDir::new("e2e-replicas-assets");
+    let a = aws_replica(root.path(), "a", &db, &m.endpoint);
+    let b = aws_replica(root.path(), "b", &db, &m.endpoint);
+    let name = unique("replica-fn");
+    write(
+        &root.join("app/fn.yaml"),
+        &format!(
+            "version: 2023-04-20\nresources:\n  fn:\n    type: aws/lambda/function\n    spec:\n      \
+             functionName: {name}\n      codeUri: code\n      handler: handler.handle\n      \
+             runtime: python3.12\n"
+        ),
+    );
+    write(
+        &root.join("app/code/handler.py"),
+        "def handle(event, context):\n    return 1\n",
+    );
+    // Planned through A, which receives the code; executed through B, which never saw it.
+    let change_set = plan(&a, "app/fn.yaml", "assets");
+    assert!(!b.data.join("assets").exists());
+    let (code, out) = b.json(&["deploy", "--change-set", &change_set]);
+    assert_eq!(code, 0, "{out}");
+    let function = boto(
+        m,
+        "lambda",
+        "get_function_configuration",
+        serde_json::json!({ "FunctionName": name }),
+    )
+    .expect("the function exists");
+    assert!(function["CodeSha256"].as_str().is_some(), "{function}");
+    // B fetched its copy from the shared state.
+    let kept: Vec<_> = std::fs::read_dir(b.data.join("assets")).unwrap().collect();
+    assert_eq!(kept.len(), 1);
+    let (code, out) = b.json(&["destroy", "--instance", "assets"]);
+    assert_eq!(code, 0, "{out}");
 }
