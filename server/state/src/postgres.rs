@@ -171,6 +171,12 @@ impl PostgresStore {
         let shown = redact_url(url);
         let mut config = tokio_postgres::Config::from_str(url)
             .map_err(|e| StateError::Db(format!("invalid PostgreSQL URL {shown}: {e}")))?;
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(StateError::Db(format!(
+                "{shown} asks for TLS (sslmode=require), which this engine does not speak to \
+                 PostgreSQL yet: reach the database over a private network without it"
+            )));
+        }
         if let Some(password) = &options.password {
             config.password(password.as_bytes());
         }

@@ -451,3 +451,16 @@ async fn clock_skew_is_measured_against_the_server() {
         "{skew} ms against a clock at 1970"
     );
 }
+
+/// A URL that requires TLS is refused with a message saying so (and no password), not with a
+/// handshake error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_requiring_tls_is_refused_clearly() {
+    let url = "postgres://app:hunter2@127.0.0.1:5432/test?sslmode=require";
+    let err = PostgresStore::connect(url, PostgresOptions::default())
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("sslmode=require"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+}

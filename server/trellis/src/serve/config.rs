@@ -25,6 +25,8 @@ pub(super) const DEFAULT_MAX_INCLUDE_BYTES: u64 = 1024 * 1024;
 pub(super) const DEFAULT_MAX_INPUT_SIZE: usize = crate::document::DEFAULT_MAX_INPUT_BYTES;
 pub(super) const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 pub(super) const DEFAULT_LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+pub(super) const DEFAULT_STATE_MAX_CONNECTIONS: usize = 10;
+pub(super) const DEFAULT_STATE_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const DEFAULT_EVENT_RETENTION_DAYS: u32 = 30;
 /// Connections: well under the usual descriptor limit of 1024, which plugins and the state
 /// store share.
@@ -56,6 +58,15 @@ pub struct ServeArgs {
     /// Takes precedence over PGPASSWORD and a password in the URL.
     #[arg(long, value_name = "FILE", env = "TRELLIS_STATE_PASSWORD_FILE")]
     pub state_password_file: Option<PathBuf>,
+    /// With PostgreSQL state: most connections the engine opens to the database at once (one
+    /// more listens for other replicas' commits); at least 1 (default 10).
+    #[arg(long, value_name = "N", env = "TRELLIS_STATE_MAX_CONNECTIONS")]
+    pub state_max_connections: Option<usize>,
+    /// With PostgreSQL state: how long one SQL statement may run (waiting for a lock included)
+    /// before it fails its call instead of hanging it: seconds or a duration like `30s`
+    /// (default 30s).
+    #[arg(long, value_name = "SECONDS", env = "TRELLIS_STATE_STATEMENT_TIMEOUT", value_parser = parse_duration)]
+    pub state_statement_timeout: Option<Duration>,
     /// A TOML file with any of these settings (keys as the long flag names, `-` or `_`).
     /// Relative paths in it are relative to the file's directory.
     #[arg(long, value_name = "FILE", env = "TRELLIS_CONFIG")]
@@ -198,6 +209,10 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
     /// The state store (`--state`).
     pub state: StateLocation,
+    /// `--state-max-connections` (PostgreSQL).
+    pub state_max_connections: usize,
+    /// `--state-statement-timeout` (PostgreSQL).
+    pub state_statement_timeout: Duration,
     pub plugin_dirs: Vec<PathBuf>,
     /// Search the directory holding the `trellis` executable for plugins.
     pub bundled_plugins: bool,
@@ -359,6 +374,10 @@ struct FileSettings {
     state: Option<String>,
     #[serde(alias = "state_password_file")]
     state_password_file: Option<PathBuf>,
+    #[serde(alias = "state_max_connections")]
+    state_max_connections: Option<usize>,
+    #[serde(alias = "state_statement_timeout")]
+    state_statement_timeout: Option<FileDuration>,
     #[serde(alias = "plugin_dir")]
     plugin_dir: Option<Vec<PathBuf>>,
     #[serde(alias = "no_bundled_plugins")]
@@ -574,6 +593,38 @@ impl ServeArgs {
                 None => StateLocation::Sqlite,
             },
         };
+        let postgres_only = |origin: Origin<'_>, key: &str| match state {
+            StateLocation::Sqlite => {
+                Err(origin.error(key, "given without a PostgreSQL --state to use it for"))
+            }
+            StateLocation::Postgres { .. } => Ok(()),
+        };
+        let (state_max_connections, origin) = layer_or(
+            self.state_max_connections,
+            settings.state_max_connections,
+            file,
+            DEFAULT_STATE_MAX_CONNECTIONS,
+        );
+        if !matches!(origin, Origin::Default) {
+            postgres_only(origin, "state-max-connections")?;
+        }
+        at_least_one(
+            state_max_connections as u64,
+            origin,
+            "state-max-connections",
+        )?;
+        let (state_statement_timeout, origin) = layer_or(
+            self.state_statement_timeout,
+            settings.state_statement_timeout.map(|d| d.0),
+            file,
+            DEFAULT_STATE_STATEMENT_TIMEOUT,
+        );
+        if !matches!(origin, Origin::Default) {
+            postgres_only(origin, "state-statement-timeout")?;
+        }
+        if state_statement_timeout < Duration::from_millis(1) {
+            return Err(origin.error("state-statement-timeout", "must be at least 1ms"));
+        }
 
         let plugin_dirs = match layer(non_empty(self.plugin_dirs), settings.plugin_dir, file) {
             Some((dirs, origin)) => dirs
@@ -832,6 +883,8 @@ impl ServeArgs {
             listen,
             data_dir,
             state,
+            state_max_connections,
+            state_statement_timeout,
             plugin_dirs,
             bundled_plugins: !no_bundled,
             log_level,
@@ -1405,6 +1458,66 @@ listen = "unix:run/engine.sock"
     }
 
     #[track_caller]
+    #[test]
+    fn replica_and_pool_settings() {
+        let dir = TestDir::new("replicas");
+        // Defaults: SQLite names the engine by its data directory; PostgreSQL adds the host.
+        let sqlite = ServeArgs::default().resolve().unwrap();
+        assert_eq!(sqlite.replica_name, sqlite.data_dir.display().to_string());
+        assert_eq!(sqlite.lease_check_interval, Duration::from_secs(5));
+        let pg = ServeArgs {
+            state: Some("postgres://app@db/x".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert!(
+            pg.replica_name
+                .ends_with(&format!(":{}", pg.data_dir.display())),
+            "{}",
+            pg.replica_name
+        );
+        assert_eq!(
+            (pg.state_max_connections, pg.state_statement_timeout),
+            (10, Duration::from_secs(30))
+        );
+
+        let path = write_config(
+            &dir,
+            "state = \"postgres://app@db/x\"\nreplica-name = \"engine-a\"\n\
+             lease-check-interval = \"750ms\"\nstate-max-connections = 4\n\
+             state-statement-timeout = \"5s\"\n",
+        );
+        let config = with_config(&path).resolve().unwrap();
+        assert_eq!(config.replica_name, "engine-a");
+        assert_eq!(config.lease_check_interval, Duration::from_millis(750));
+        assert_eq!(config.state_max_connections, 4);
+        assert_eq!(config.state_statement_timeout, Duration::from_secs(5));
+
+        let err = resolve_err(ServeArgs {
+            replica_name: Some("two words".into()),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("--replica-name"), "{err}");
+        let err = resolve_err(ServeArgs {
+            lease_check_interval: Some(Duration::ZERO),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("--lease-check-interval"), "{err}");
+        // Pool settings mean nothing to SQLite: saying so beats ignoring them.
+        let err = resolve_err(ServeArgs {
+            state_max_connections: Some(4),
+            ..ServeArgs::default()
+        });
+        assert!(err.contains("without a PostgreSQL --state"), "{err}");
+        let err = resolve_err(ServeArgs {
+            state: Some("postgres://app@db/x".into()),
+            state_max_connections: Some(0),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("--state-max-connections"), "{err}");
+    }
+
     fn resolve_err(args: ServeArgs) -> String {
         args.resolve().expect_err("should be refused")
     }

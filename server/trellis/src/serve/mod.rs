@@ -58,6 +58,8 @@ async fn open_state(config: &ServeConfig) -> Result<Arc<dyn StateStore>, String>
         StateLocation::Postgres { url, password } => {
             let options = PostgresOptions {
                 password: password.clone(),
+                max_connections: config.state_max_connections,
+                statement_timeout: config.state_statement_timeout,
                 ..PostgresOptions::default()
             };
             let store = PostgresStore::connect(url, options)
