@@ -313,6 +313,15 @@ pub async fn deployed_state_crud(h: &Harness) {
     assert_eq!(s.count_resources(&app.id).await.unwrap(), 2);
     assert_eq!(s.count_resources(&child.id).await.unwrap(), 0);
     assert_err!(s.count_resources("nope").await, StateError::NotFound { .. });
+    // One resource alone reads as it does in the whole state.
+    let whole = st.resources.iter().find(|r| r.name == "db").cloned();
+    assert_eq!(s.get_resource(&app.id, "db").await.unwrap(), whole);
+    assert_eq!(s.get_resource(&app.id, "missing").await.unwrap(), None);
+    assert_eq!(s.get_resource(&child.id, "db").await.unwrap(), None);
+    assert_err!(
+        s.get_resource("nope", "db").await,
+        StateError::NotFound { .. }
+    );
     let db = st.resource("db").unwrap();
     assert_eq!(db.instance_id, app.id);
     assert_eq!(db.resource_type, "test/thing");

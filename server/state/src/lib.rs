@@ -57,6 +57,9 @@ pub trait StateStore: Send + Sync + 'static {
     async fn load_state(&self, instance_id: &str) -> Result<InstanceState>;
     /// How many resources the instance records (without reading them).
     async fn count_resources(&self, instance_id: &str) -> Result<u64>;
+    /// One resource of the instance, `None` if it records none of that name (without reading
+    /// the others).
+    async fn get_resource(&self, instance_id: &str, name: &str) -> Result<Option<Resource>>;
 
     // ---- leases -------------------------------------------------------------------------------
 

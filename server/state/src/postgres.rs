@@ -911,6 +911,26 @@ impl StateStore for PostgresStore {
         .await
     }
 
+    async fn get_resource(&self, instance_id: &str, name: &str) -> Result<Option<Resource>> {
+        let (id, name) = (instance_id.to_owned(), name.to_owned());
+        self.read(Box::new(move |tx| {
+            Box::pin(async move {
+                get_instance(tx, &id).await?;
+                tx.query_opt(
+                    &format!(
+                        "SELECT {RESOURCE_COLS} FROM resources WHERE instance_id = $1 AND name = $2"
+                    ),
+                    &[&id, &name],
+                )
+                .await?
+                .as_ref()
+                .map(decode_resource)
+                .transpose()
+            })
+        }))
+        .await
+    }
+
     async fn load_state(&self, instance_id: &str) -> Result<InstanceState> {
         let id = instance_id.to_owned();
         self.read(Box::new(move |tx| {

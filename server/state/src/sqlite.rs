@@ -254,7 +254,7 @@ impl SqliteStore {
             .push(job);
         if !self.inner.drain_scheduled.swap(true, Ordering::SeqCst) {
             let inner = self.inner.clone();
-            tokio::task::spawn_blocking(move || drain(&inner));
+            tokio::task::spawn_blocking(move || drain(inner));
         }
         recv.await
             .map_err(|_| StateError::Db("state writer stopped".into()))?
@@ -302,32 +302,45 @@ impl SqliteStore {
 type Job = Box<dyn FnOnce(&mut Tx<'_>) -> (bool, Deliver) + Send>;
 type Deliver = Box<dyn FnOnce(Result<()>) + Send>;
 
-/// Runs queued units in batches until the queue is empty (see `SqliteStore::write`).
-fn drain(inner: &Inner) {
-    let mut conn = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
-    loop {
-        let batch = {
-            let mut q = inner.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            if q.is_empty() {
-                // Cleared under the queue lock: a unit pushed after this sees `false` and
-                // schedules a new drain; one pushed before is in the queue we just saw.
-                inner.drain_scheduled.store(false, Ordering::SeqCst);
-                return;
+/// Runs queued units in batches until the queue is empty (see `SqliteStore::write`). The last
+/// batch's results are delivered after this task let go of the store: a caller that drops the
+/// store as soon as its write returns finds the data directory's lock released.
+fn drain(inner: Arc<Inner>) {
+    let last = {
+        let mut conn = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending: Vec<Deliver> = Vec::new();
+        let mut pending_result: Result<()> = Ok(());
+        loop {
+            let batch = {
+                let mut q = inner.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                if q.is_empty() {
+                    // Cleared under the queue lock: a unit pushed after this sees `false` and
+                    // schedules a new drain; one pushed before is in the queue we just saw.
+                    inner.drain_scheduled.store(false, Ordering::SeqCst);
+                    break (pending, pending_result);
+                }
+                std::mem::take(&mut *q)
+            };
+            for d in pending.drain(..) {
+                d(pending_result.clone());
             }
-            std::mem::take(&mut *q)
-        };
-        let started = std::time::Instant::now();
-        let (delivers, appended, committed) = run_batch(&mut conn, inner, batch);
-        crate::metrics::commit_took(started.elapsed());
-        for d in delivers {
-            d(committed.clone());
-        }
-        if committed.is_ok() {
-            for (instance_id, last_seq, events) in appended {
-                crate::metrics::events_written(events);
-                inner.notifier.notify(&instance_id, last_seq);
+            let started = std::time::Instant::now();
+            let (delivers, appended, committed) = run_batch(&mut conn, &inner, batch);
+            crate::metrics::commit_took(started.elapsed());
+            if committed.is_ok() {
+                for (instance_id, last_seq, events) in appended {
+                    crate::metrics::events_written(events);
+                    inner.notifier.notify(&instance_id, last_seq);
+                }
             }
+            pending = delivers;
+            pending_result = committed;
         }
+    };
+    drop(inner);
+    let (delivers, committed) = last;
+    for d in delivers {
+        d(committed.clone());
     }
 }
 
@@ -1288,6 +1301,20 @@ impl StateStore for SqliteStore {
                 .prepare_cached("SELECT COUNT(*) FROM resources WHERE instance_id = ?1")?
                 .query_row([&id], |r| r.get(0))?;
             to_u64(n, "resource count")
+        })
+        .await
+    }
+
+    async fn get_resource(&self, instance_id: &str, name: &str) -> Result<Option<Resource>> {
+        let (id, name) = (instance_id.to_owned(), name.to_owned());
+        self.read(move |tx, _| {
+            get_instance(tx, &id)?;
+            tx.prepare_cached(&format!(
+                "SELECT {RESOURCE_COLS} FROM resources WHERE instance_id = ?1 AND name = ?2"
+            ))?
+            .query_and_then(rusqlite::params![id, name], decode_resource)?
+            .next()
+            .transpose()
         })
         .await
     }
