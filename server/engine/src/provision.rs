@@ -228,6 +228,38 @@ fn stored_pb(v: &Json) -> pb::Value {
     super::state_values::to_pb(v)
 }
 
+/// The Host service's `LookupResource` (a plugin reading a resource of the instance it serves
+/// a call for), answered from the engine's state: the spec as last applied or intended and the
+/// computed state, secrets as the plugin gets them in its own calls.
+pub struct StoreLookup(pub Arc<dyn crate::state::StateStore>);
+
+impl crate::plugins::StateLookup for StoreLookup {
+    fn lookup<'a>(
+        &'a self,
+        instance_id: &'a str,
+        name: &'a str,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<Option<pb::ResourceState>, String>> + Send + 'a,
+        >,
+    > {
+        Box::pin(async move {
+            let resource = self
+                .0
+                .get_resource(instance_id, name)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(resource.map(|r| pb::ResourceState {
+                spec: Some(stored_pb(&r.spec)),
+                state: r.state.as_ref().map(stored_pb),
+                resource_type: r.resource_type,
+                resource_name: r.name,
+                external_id: r.external_id.unwrap_or_default(),
+            }))
+        })
+    }
+}
+
 fn current(target: &Target) -> Option<pb::ResourceState> {
     target.external_id.as_ref().map(|id| pb::ResourceState {
         resource_type: target.resource_type.clone(),

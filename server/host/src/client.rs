@@ -319,11 +319,15 @@ impl Caller {
                 ctx.provider_config = Some(cfg.clone());
             }
         }
+        let instance_id = req.context_mut().instance_id.clone();
         let mut retry: Option<Retry> = None;
         let mut attempt: u32 = 0;
         loop {
             attempt += 1;
             let inst = self.slot.instance(deadline, &label).await?;
+            // While the call runs, this process may look up the instance's resources.
+            let _serving = (!instance_id.is_empty())
+                .then(|| self.slot.shared.serving.enter(inst.id, &instance_id));
             if let Some((cap, has)) = capability
                 && !has(&inst.capabilities)
             {

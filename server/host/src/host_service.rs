@@ -38,6 +38,69 @@ pub struct Caller {
     pub instance: u64,
 }
 
+/// Where `LookupResource` reads resources: the engine's state, set by whoever owns it
+/// ([`super::PluginHost::set_state_lookup`]).
+pub trait StateLookup: Send + Sync + 'static {
+    /// The resource `name` of the instance `instance_id` as recorded (spec as last applied,
+    /// computed state), `None` if the instance has no such resource.
+    fn lookup<'a>(
+        &'a self,
+        instance_id: &'a str,
+        name: &'a str,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<Option<pb::ResourceState>, String>> + Send + 'a,
+        >,
+    >;
+}
+
+/// Which instances each plugin process is serving a call for right now. A plugin may look up
+/// resources of those instances only: the instance it works on, not every tenant's.
+#[derive(Default)]
+pub(crate) struct Serving {
+    calls: Mutex<HashMap<(u64, String), usize>>,
+}
+
+impl Serving {
+    /// Marks launch `launch` as serving a call for `instance_id` until the guard drops.
+    pub(crate) fn enter(self: &Arc<Self>, launch: u64, instance_id: &str) -> ServingGuard {
+        *self
+            .calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((launch, instance_id.to_owned()))
+            .or_insert(0) += 1;
+        ServingGuard {
+            serving: self.clone(),
+            key: (launch, instance_id.to_owned()),
+        }
+    }
+
+    fn serves(&self, launch: u64, instance_id: &str) -> bool {
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&(launch, instance_id.to_owned()))
+    }
+}
+
+pub(crate) struct ServingGuard {
+    serving: Arc<Serving>,
+    key: (u64, String),
+}
+
+impl Drop for ServingGuard {
+    fn drop(&mut self) {
+        let mut calls = self.serving.calls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = calls.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                calls.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// Issued tokens, stored by their SHA-256 so a lookup reveals nothing
 /// through timing about a valid token.
 #[derive(Default)]
@@ -368,16 +431,42 @@ impl Host for HostService {
         Ok(Response::new(resp))
     }
 
-    /// No state store exists yet (it arrives with the daemon): nothing is
-    /// ever found.
+    /// A resource of an instance the calling plugin process is serving a call for, read
+    /// from the engine's state.
     async fn lookup_resource(
         &self,
         request: Request<pb::LookupResourceRequest>,
     ) -> Result<Response<pb::LookupResourceResponse>, Status> {
-        caller(&request)?;
+        let caller = caller(&request)?;
+        let r = request.into_inner();
+        if r.instance_id.is_empty() || r.resource_name.is_empty() {
+            return Err(Status::invalid_argument(
+                "instance_id and resource_name are required",
+            ));
+        }
+        let inner = self
+            .inner
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the engine is stopping"))?;
+        if !inner.shared.serving.serves(caller.instance, &r.instance_id) {
+            return Err(Status::permission_denied(format!(
+                "plugin `{}` is serving no call for instance `{}`: a plugin may look up \
+                 resources only of the instance a call of its is for (CallContext.instance_id)",
+                caller.plugin, r.instance_id
+            )));
+        }
+        let Some(state) = inner.shared.state_lookup.get() else {
+            return Err(Status::unavailable(
+                "no state is attached to this plugin host",
+            ));
+        };
+        let resource = state
+            .lookup(&r.instance_id, &r.resource_name)
+            .await
+            .map_err(Status::unavailable)?;
         Ok(Response::new(pb::LookupResourceResponse {
-            found: false,
-            resource: None,
+            found: resource.is_some(),
+            resource,
         }))
     }
 

@@ -60,7 +60,7 @@ pub use discovery::{
     search_dirs,
 };
 pub use error::{AppError, ExitInfo, PluginError};
-pub use host_service::{Caller, HOST_TOKEN_METADATA};
+pub use host_service::{Caller, HOST_TOKEN_METADATA, StateLookup};
 pub use process::STDERR_TAIL_LINES;
 pub use supervisor::{
     ENV_NONCE, ENV_PROTOCOL_VERSIONS, ENV_SOCKET_DIR, HANDSHAKE_PREFIX, PROTOCOL_VERSIONS,
@@ -155,6 +155,12 @@ impl PluginHost {
     /// calls are ignored.
     pub fn set_default_configs(&self, configs: HashMap<String, pb::Value>) {
         let _ = self.inner.shared.default_configs.set(configs);
+    }
+
+    /// Where the Host service's `LookupResource` reads resources (the engine's state). Set
+    /// once; later calls are ignored. Without it, lookups answer `UNAVAILABLE`.
+    pub fn set_state_lookup(&self, lookup: Arc<dyn StateLookup>) {
+        let _ = self.inner.shared.state_lookup.set(lookup);
     }
 
     /// The provider for a namespace (not started until first used).

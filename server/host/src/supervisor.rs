@@ -55,6 +55,10 @@ pub(crate) struct Shared {
     /// The provider config a call to a provider carries when its caller gives none (the
     /// engine's own settings), by namespace; set once.
     pub default_configs: std::sync::OnceLock<HashMap<String, pb::Value>>,
+    /// Which instances each plugin process serves a call for (scopes `LookupResource`).
+    pub serving: Arc<super::host_service::Serving>,
+    /// Where `LookupResource` reads; set once by the engine.
+    pub state_lookup: std::sync::OnceLock<Arc<dyn super::host_service::StateLookup>>,
 }
 
 impl Shared {
@@ -73,6 +77,8 @@ impl Shared {
             processes: Mutex::new(HashMap::new()),
             next_instance: AtomicU64::new(1),
             default_configs: std::sync::OnceLock::new(),
+            serving: Arc::default(),
+            state_lookup: std::sync::OnceLock::new(),
         }
     }
 

@@ -236,7 +236,9 @@ def test_engine_flow_then_stdin_eof():
         assert rt.type == "pyecho/message"
         assert rt.spec_schema.type == plugin_pb2.OBJECT
         fields = {f.name: f for f in rt.spec_schema.fields}
-        assert list(fields) == ["text", "repeat", "rendered", "id"]
+        assert list(fields) == [
+            "text", "repeat", "rendered", "id", "lookup", "lookupInstance", "lookedUp"
+        ]
         assert fields["text"].required and fields["text"].schema.type == plugin_pb2.STRING
         assert fields["repeat"].schema.type == plugin_pb2.INTEGER
         assert from_value(fields["repeat"].schema.default) == 1

@@ -9,8 +9,14 @@ are the plugin contract. The engine launches it through the
 Resource type `pyecho/message`:
   spec   text:     string, required
          repeat:   integer, default 1, 0..1000
+         lookup:   string, optional: another resource of the instance, read through
+                   the engine's Host service (LookupResource) when applying
+         lookupInstance: string, optional test knob: ask about this instance id
+                   instead of the call's own (the engine refuses)
   state  rendered: string (text repeated `repeat` times), computed
          id:       string, computed (also the external id)
+         lookedUp: string, computed: the external id of `lookup` ("" if the
+                   engine has no such resource)
 
 Functions `upper(string) -> string`, and `host_upper(string) -> string`, the
 same computed by the engine: it calls the core function `to_upper` through the
@@ -104,6 +110,26 @@ def build_manifest():
                 computed=True,
             ),
             _field("id", _schema(plugin_pb2.STRING, "The message's id."), computed=True),
+            _field(
+                "lookup",
+                _schema(
+                    plugin_pb2.STRING,
+                    "Another resource of the instance whose external id becomes `lookedUp`, "
+                    "read through the engine's Host service.",
+                ),
+            ),
+            _field(
+                "lookupInstance",
+                _schema(
+                    plugin_pb2.STRING,
+                    "Test knob: the instance id to ask about instead of the call's own.",
+                ),
+            ),
+            _field(
+                "lookedUp",
+                _schema(plugin_pb2.STRING, "The external id of `lookup` (\"\" if none)."),
+                computed=True,
+            ),
         ],
     )
     config = _schema(
@@ -221,8 +247,17 @@ def render(text, repeat):
     return {"rendered": to_value(text.string * repeat, sensitive=text.sensitive)}
 
 
-def state_value(ext_id, text, repeat):
-    return to_value({"id": ext_id, **render(text, repeat)})
+def state_value(ext_id, text, repeat, looked_up=None):
+    state = {"id": ext_id, **render(text, repeat)}
+    if looked_up is not None:
+        state["lookedUp"] = to_value(looked_up)
+    return to_value(state)
+
+
+def looked_up_of(state):
+    """`lookedUp` of a recorded state (kept by reads: only an apply asks the engine)."""
+    v = from_value(map_get(state, "lookedUp")) if state is not None else None
+    return v if isinstance(v, str) else None
 
 
 def message_file(directory, ext_id):
@@ -379,6 +414,14 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
         yield plugin_pb2.ApplyResourceEvent(
             progress=plugin_pb2.Progress(message=f"rendering {request.resource_name}", fraction=0.5)
         )
+        looked_up = None
+        lookup = from_value(map_get(request.desired_spec, "lookup"))
+        if isinstance(lookup, str) and lookup:
+            instance = from_value(map_get(request.desired_spec, "lookupInstance")) or ctx.instance_id
+            looked_up, error = self._lookup(instance, lookup)
+            if error is not None:
+                yield _result(error=error)
+                return
         end = time.monotonic() + delay_ms / 1000
         while context.is_active() and time.monotonic() < end:
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
@@ -396,7 +439,24 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
                     error=make_error(types_pb2.INTERNAL, f"cannot write message: {e.strerror}")
                 )
                 return
-        yield _result(external_id=ext_id, state=state_value(ext_id, text, repeat))
+        yield _result(external_id=ext_id, state=state_value(ext_id, text, repeat, looked_up))
+
+    def _lookup(self, instance_id, name):
+        """(external id or "", None), or (None, Error): Host.LookupResource on a stock channel."""
+        if not self._host.address:
+            return None, make_error(types_pb2.INTERNAL, "no Host service address")
+        with grpc.insecure_channel(self._host.address) as channel:
+            try:
+                resp = plugin_pb2_grpc.HostStub(channel).LookupResource(
+                    plugin_pb2.LookupResourceRequest(instance_id=instance_id, resource_name=name),
+                    metadata=[("x-trellis-host-token", self._host.token)],
+                    timeout=30,
+                )
+            except grpc.RpcError as e:
+                return None, make_error(
+                    types_pb2.INTERNAL, f"Host.LookupResource: {e.code().name}: {e.details()}"
+                )
+        return (resp.resource.external_id if resp.found else ""), None
 
     @internal_errors(plugin_pb2.DestroyResourceResponse)
     def DestroyResource(self, request, context):
@@ -429,7 +489,9 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
                 # Nothing outside the engine's state to compare with.
                 text, repeat = read_spec(cur.spec)
                 return plugin_pb2.ReadResourceResponse(
-                    exists=True, spec=cur.spec, state=state_value(cur.external_id, text, repeat)
+                    exists=True,
+                    spec=cur.spec,
+                    state=state_value(cur.external_id, text, repeat, looked_up_of(cur.state)),
                 )
             try:
                 with open(message_file(directory, cur.external_id), encoding="utf-8") as f:
@@ -440,9 +502,15 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
             sensitive = bool(old_text is not None and old_text.sensitive)
             text = to_value(str(data.get("text", "")), sensitive=sensitive)
             repeat = data.get("repeat", 1)
-            spec = to_value({"text": text, "repeat": repeat})
+            fields = {"text": text, "repeat": repeat}
+            for key in ("lookup", "lookupInstance"):
+                if map_get(cur.spec, key) is not None:
+                    fields[key] = map_get(cur.spec, key)
+            spec = to_value(fields)
             return plugin_pb2.ReadResourceResponse(
-                exists=True, spec=spec, state=state_value(cur.external_id, text, repeat)
+                exists=True,
+                spec=spec,
+                state=state_value(cur.external_id, text, repeat, looked_up_of(cur.state)),
             )
         except BadInput as e:
             return plugin_pb2.ReadResourceResponse(

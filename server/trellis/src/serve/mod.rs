@@ -27,7 +27,7 @@ use listen::Bound;
 
 use tonic::transport::{Identity, ServerTlsConfig};
 
-use crate::engine::provision::PluginProvisioner;
+use crate::engine::provision::{PluginProvisioner, StoreLookup as PluginLookup};
 use crate::engine::remote::RemoteIncludes;
 use crate::engine::settings;
 use crate::engine::{Engine, EngineConfig};
@@ -154,6 +154,8 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     host_config.plugin_dirs = config.plugin_dirs.clone();
     host_config.search_exe_dir = config.bundled_plugins;
     let host = Arc::new(PluginHost::new(host_config));
+    // Plugins may read resources of the instance a call of theirs is for (Host.LookupResource).
+    host.set_state_lookup(Arc::new(PluginLookup(store.clone())));
 
     let cwd = std::env::current_dir().map_err(|e| format!("working directory: {e}"))?;
     // Provider settings are checked before the engine accepts anything: a typo in a key is a

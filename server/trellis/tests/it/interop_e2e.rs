@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::engine_common::{Engine, all_output};
+use crate::engine_common::{Engine, all_output, write};
 use crate::plugins_common::TempDir;
 
 const SECRET: &str = "Py-interop-secret-4Kd9";
@@ -58,4 +58,67 @@ fn a_python_client_deploys_with_an_environment() {
     assert_eq!(record["text"], SECRET);
     let (_, logs) = engine.stop();
     assert!(!logs.contains(SECRET), "a secret reached the engine's log");
+}
+
+/// A plugin written with stock grpcio reads, through the Host service's `LookupResource`, a
+/// resource of the instance its call is for (what the engine recorded), finds nothing for a
+/// name the instance lacks, and is refused another instance's resources.
+#[test]
+fn a_python_plugin_looks_up_resources_of_its_own_instance_only() {
+    if !python_grpc_available() {
+        eprintln!(
+            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
+        );
+        return;
+    }
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/python");
+    let dir = TempDir::new("py-lookup");
+    let engine = Engine::builder(dir.path())
+        .args(&[
+            Path::new("--plugin-dir").as_os_str(),
+            python.join("bin").as_os_str(),
+        ])
+        .start();
+    let message = |name: &str, extra: &str| {
+        format!("  {name}:\n    type: pyecho/message\n    spec:\n      text: {name}\n{extra}")
+    };
+    write(
+        &dir.join("lookup.yaml"),
+        &format!(
+            "version: 2023-04-20\nresources:\n{}{}{}",
+            message("first", ""),
+            message("second", "      lookup: first\n    dependsOn: [first]\n"),
+            message("third", "      lookup: nowhere\n"),
+        ),
+    );
+    let (code, out) = engine.json(&["deploy", "lookup.yaml", "--instance", "lk"]);
+    assert_eq!(code, 0, "{out}");
+    let inst = engine.instance("lk");
+    let first = &inst["resources"]["first"]["externalId"];
+    assert!(first.as_str().is_some_and(|id| !id.is_empty()), "{inst}");
+    assert_eq!(
+        &inst["resources"]["second"]["state"]["lookedUp"], first,
+        "{inst}"
+    );
+    assert_eq!(
+        inst["resources"]["third"]["state"]["lookedUp"], "",
+        "{inst}"
+    );
+
+    // Another instance's resources are not this call's to read.
+    let other = inst["id"].as_str().unwrap();
+    write(
+        &dir.join("nosy.yaml"),
+        &format!(
+            "version: 2023-04-20\nresources:\n{}",
+            message(
+                "nosy",
+                &format!("      lookup: first\n      lookupInstance: {other}\n")
+            ),
+        ),
+    );
+    let (code, out) = engine.json(&["deploy", "nosy.yaml", "--instance", "nosy"]);
+    assert_ne!(code, 0, "{out}");
+    let text = out.to_string();
+    assert!(text.contains("PERMISSION_DENIED"), "{text}");
 }
