@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::links::PlannedLink;
 use super::plan::{Action, Plan};
 use super::prepare::Prepared;
+use super::progress::Progress;
 use super::provision::{Applied, Failure, LinkCall, LinkUpdate, Provisioner, Target};
 use super::state_values;
 use crate::check::PluginContext;
@@ -139,6 +140,7 @@ fn new_target(ctx: &RunContext, name: &str, ty: &str) -> Target {
         current_state: None,
         configs: ctx.configs(),
         request_id: ctx.operation.request_id.clone(),
+        progress: None,
     }
 }
 
@@ -653,16 +655,28 @@ async fn call(ctx: &RunContext, job: &Apply) -> Result<Option<Applied>, Failure>
             spec,
             key,
             ..
-        } => p
-            .apply(&new_target(ctx, name, ty), state_values::to_pb(spec), key)
-            .await
-            .map(Some),
+        } => {
+            let progress = Progress::start(ctx, name, ty);
+            let target = Target {
+                progress: Some(progress.sink()),
+                ..new_target(ctx, name, ty)
+            };
+            let r = p.apply(&target, state_values::to_pb(spec), key).await;
+            progress.finish().await;
+            r.map(Some)
+        }
         Apply::Update {
             current, spec, key, ..
-        } => p
-            .apply(&target(ctx, current), state_values::to_pb(spec), key)
-            .await
-            .map(Some),
+        } => {
+            let progress = Progress::start(ctx, &current.name, &current.resource_type);
+            let target = Target {
+                progress: Some(progress.sink()),
+                ..target(ctx, current)
+            };
+            let r = p.apply(&target, state_values::to_pb(spec), key).await;
+            progress.finish().await;
+            r.map(Some)
+        }
         Apply::Destroy { current, key } => {
             p.destroy(&target(ctx, current), key).await.map(|()| None)
         }
@@ -1483,6 +1497,7 @@ pub fn target_of(instance_id: &str, configs: &ProviderConfigs, r: &Resource) -> 
         current_state: r.state.clone(),
         configs: configs.clone(),
         request_id: String::new(),
+        progress: None,
     }
 }
 

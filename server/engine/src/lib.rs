@@ -26,6 +26,7 @@ mod operations;
 mod paths;
 pub mod plan;
 pub mod prepare;
+mod progress;
 pub mod provision;
 mod recovery;
 pub mod remote;

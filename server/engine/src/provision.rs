@@ -25,6 +25,18 @@ pub struct Target {
     pub configs: ProviderConfigs,
     /// The request that started the operation (empty outside one), for the plugin's logs.
     pub request_id: String,
+    /// Where an apply's progress messages go (`None`: nowhere).
+    pub progress: Option<ProgressSink>,
+}
+
+/// Receives a provider call's progress messages (see `progress.rs`).
+#[derive(Clone)]
+pub struct ProgressSink(pub(crate) Arc<dyn Fn(&pb::Progress) + Send + Sync>);
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
 }
 
 /// A provider call's success: the external id and computed state.
@@ -310,7 +322,14 @@ impl PluginProvisioner {
             .apply_resource(
                 req,
                 &options(target, namespace(&target.resource_type), idempotency_key),
-                |_| {},
+                {
+                    let sink = target.progress.clone();
+                    move |p: &pb::Progress| {
+                        if let Some(sink) = &sink {
+                            (sink.0)(p)
+                        }
+                    }
+                },
             )
             .await
         {

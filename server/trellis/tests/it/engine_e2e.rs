@@ -1102,3 +1102,42 @@ fn includes_relative_to_the_working_directory_need_an_allowed_root() {
     assert_eq!(code, 1, "{out}");
     assert!(out.to_string().contains("--allow-path"), "{out}");
 }
+
+/// A provider's progress messages reach the user: a create that runs for seconds records
+/// `resource.progress` events (sampled once a second, before its `resource.created`), which
+/// `trellis deploy` prints with the other events and `trellis events` lists; a quick create
+/// records none.
+#[test]
+fn apply_progress_is_shown_and_sampled() {
+    let root = TempDir::new("e2e-progress");
+    let engine = Engine::start(root.path());
+    write(
+        &root.join("slow.yaml"),
+        "version: 2023-04-20\nresources:\n  slow:\n    type: sim/resource\n    spec:\n      latencyMs: 2500\n  quick:\n    type: sim/resource\n    spec:\n      latencyMs: 10\n",
+    );
+    let out = engine.cli(&["deploy", "slow.yaml", "--instance", "p"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let shown = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        shown.contains("resource.progress  slow  (sim/resource): create slow: waiting 2500 ms"),
+        "{shown}"
+    );
+    let events = engine.events("p");
+    let kinds: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|(_, p)| p["resource"].is_string())
+        .map(|(k, p)| (k.as_str(), p["resource"].as_str().unwrap()))
+        .collect();
+    let progress = kinds
+        .iter()
+        .filter(|(k, _)| *k == "resource.progress")
+        .count();
+    // The message does not change, so one sample records it; a second would repeat it.
+    assert_eq!(progress, 1, "{kinds:?}");
+    let at = |kind: &str, name: &str| kinds.iter().position(|e| *e == (kind, name)).unwrap();
+    assert!(at("resource.progress", "slow") < at("resource.created", "slow"));
+    assert!(
+        !kinds.contains(&("resource.progress", "quick")),
+        "{kinds:?}"
+    );
+}

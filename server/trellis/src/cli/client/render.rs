@@ -1032,7 +1032,23 @@ pub(super) fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> 
         line.push_str(": ");
         line.push_str(reason);
     }
+    if event.kind == "resource.progress"
+        && let Some(message) = progress_text(&payload)
+    {
+        line.push_str(": ");
+        line.push_str(&message);
+    }
     line
+}
+
+/// A provider's progress message, with its fraction as a percentage when it gave one:
+/// `uploading code (40%)`.
+pub(super) fn progress_text(payload: &Json) -> Option<String> {
+    let message = str_field(payload, "message")?;
+    Some(match payload.get("fraction").and_then(Json::as_f64) {
+        Some(f) if (0.0..=1.0).contains(&f) => format!("{message} ({:.0}%)", f * 100.0),
+        _ => message.to_owned(),
+    })
 }
 
 /// `trellis cancel`: what the engine answered.

@@ -681,6 +681,47 @@ fn progress_counts_resources_from_events() {
 }
 
 #[test]
+fn progress_messages_show_in_lines_and_the_status_line() {
+    let mut p = Progress::new("deploy", "app", Some(2));
+    let ev = |seq, kind: &str, payload: Json| event(seq, kind, payload);
+    p.observe(&ev(
+        1,
+        "resource.create_requested",
+        json!({"resource": "fn", "type": "aws/lambda/function"}),
+    ));
+    let (line, finished) = p.observe(&ev(
+        2,
+        "resource.progress",
+        json!({"resource": "fn", "type": "aws/lambda/function", "message": "uploading code", "fraction": 0.4}),
+    ));
+    assert!(!finished);
+    assert_eq!(
+        line,
+        "resource.progress  fn  (aws/lambda/function): uploading code (40%)"
+    );
+    assert_eq!(
+        p.status_line(Duration::from_secs(3)),
+        "deploying app: 0/2 resources done, 1 in progress [00:03] fn: uploading code (40%)"
+    );
+    // A message without a fraction (negative in the protocol, left out of the event).
+    let (line, _) = p.observe(&ev(
+        3,
+        "resource.progress",
+        json!({"resource": "fn", "message": "waiting for the function"}),
+    ));
+    assert_eq!(
+        line,
+        "resource.progress  fn  (aws/lambda/function): waiting for the function"
+    );
+    // The resource's end clears its message.
+    p.observe(&ev(4, "resource.created", json!({"resource": "fn"})));
+    assert_eq!(
+        p.status_line(Duration::from_secs(4)),
+        "deploying app: 1/2 resources done, 0 in progress [00:04]"
+    );
+}
+
+#[test]
 fn operation_result_text() {
     let op = pb::Operation {
         id: "op_1".into(),

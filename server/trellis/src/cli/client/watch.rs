@@ -269,6 +269,8 @@ pub(crate) struct Progress {
     pub(crate) active: HashSet<String>,
     pub(crate) done: HashSet<String>,
     pub(crate) failed: HashSet<String>,
+    /// The newest progress message of a resource still in progress: (resource, text).
+    pub(crate) latest: Option<(String, String)>,
     pub(crate) events: usize,
     pub(crate) names: EventNames,
 }
@@ -287,6 +289,7 @@ impl Progress {
             active: HashSet::new(),
             done: HashSet::new(),
             failed: HashSet::new(),
+            latest: None,
             events: 0,
             names: EventNames::default(),
         }
@@ -303,8 +306,18 @@ impl Progress {
         {
             self.total = Some(n as usize);
         }
+        if event.kind == "resource.progress"
+            && let (Some(name), Some(text)) = (resource_of(&payload), progress_text(&payload))
+        {
+            self.latest = Some((name.to_owned(), text));
+        }
         let mut finished = false;
         if let (Some(phase), Some(name)) = (resource_phase(&event.kind), resource_of(&payload)) {
+            if matches!(phase, Phase::Done | Phase::Failed)
+                && self.latest.as_ref().is_some_and(|(r, _)| r == name)
+            {
+                self.latest = None;
+            }
             let name = name.to_owned();
             match phase {
                 Phase::Started => {
@@ -348,6 +361,9 @@ impl Progress {
             line.push_str(&format!(", {} failed", self.failed.len()));
         }
         line.push_str(&format!(" [{}]", clock(elapsed)));
+        if let Some((resource, text)) = &self.latest {
+            line.push_str(&format!(" {resource}: {text}"));
+        }
         line
     }
 }
