@@ -176,7 +176,7 @@ impl ValidateRequest {
 /// PlanResource.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanRequest {
-    /// From `current` (empty for a new resource: the protocol does not send it).
+    /// The resource's name (`resource_name`; from `current` when a caller leaves it out).
     pub name: String,
     /// Absent for a new resource.
     pub current: Option<ResourceState>,
@@ -197,6 +197,8 @@ pub struct Plan {
     pub recreate_paths: Vec<AttrPath>,
     /// The state the provider expects; [`Value::Unknown`] where it cannot tell.
     pub planned_state: Value,
+    /// Warnings about the change, shown with the plan (an error fails the plan).
+    pub diagnostics: Vec<Diagnostic>,
 }
 
 /// ApplyResource for a new resource.
@@ -292,6 +294,7 @@ pub trait Resource: Send + Sync + 'static {
         Ok(Plan {
             recreate_paths: Vec::new(),
             planned_state: Value::Unknown,
+            diagnostics: Vec::new(),
         })
     }
 

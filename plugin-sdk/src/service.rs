@@ -653,6 +653,7 @@ impl ProviderRpc for ProviderSvc {
                 recreate_paths: plan.recreate_paths.iter().map(|p| p.to_proto()).collect(),
                 planned_state: Some(ProviderCore::mark(schema, plan.planned_state).to_proto()),
                 error: None,
+                diagnostics: plan.diagnostics.iter().map(Diagnostic::to_proto).collect(),
             },
             Err(e) => pb::PlanResourceResponse {
                 error: Some(e.to_proto()),

@@ -348,6 +348,11 @@ impl Harness {
             Plan {
                 recreate_paths: r.recreate_paths.into_iter().map(AttrPath::from).collect(),
                 planned_state: value(r.planned_state),
+                diagnostics: r
+                    .diagnostics
+                    .into_iter()
+                    .map(Diagnostic::from_proto)
+                    .collect(),
             },
         )
     }

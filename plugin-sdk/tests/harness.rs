@@ -230,6 +230,7 @@ impl Resource for Sink {
                 vec![]
             },
             planned_state: Value::map().with("password", Value::Unknown),
+            ..Plan::default()
         })
     }
     async fn create(&self, ctx: &Context, req: &CreateRequest) -> Result<Applied> {

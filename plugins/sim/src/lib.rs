@@ -311,8 +311,44 @@ impl Resource for SimResource {
                      the operation happened (and is journaled) but is never answered.",
                 ),
             )
+            .field(
+                "recreateOn",
+                Field::array(Schema::string()).describe(
+                    "Fields whose change replaces the resource, as the plugin's plan says \
+                     (PlanResource): a provider-side `must_recreate`.",
+                ),
+            )
+            .field(
+                "planWarning",
+                Field::string().describe("A warning the plugin's plan (PlanResource) reports about the change."),
+            )
             .field("payload", Field::any().describe("Any value; echoed in the state."))
             .field("id", Field::string().computed().describe("Stable per resource name."))
+    }
+
+    /// The plan states what sim knows before it acts: the id (from the name) and the payload
+    /// (where it is known), plus the `recreateOn` and `planWarning` knobs.
+    fn supports_plan(&self) -> bool {
+        true
+    }
+
+    async fn plan(&self, _ctx: &Context, req: &PlanRequest) -> Result<Plan> {
+        let spec = req.spec();
+        let recreate_paths = spec
+            .opt_str_list("recreateOn")?
+            .unwrap_or_default()
+            .into_iter()
+            .map(|field| AttrPath::root().field(field))
+            .collect();
+        let diagnostics = spec
+            .opt_str("planWarning")?
+            .map(|w| vec![Diagnostic::warning("sim.plan", w).at("planWarning")])
+            .unwrap_or_default();
+        Ok(Plan {
+            recreate_paths,
+            planned_state: state_of(&req.name, &req.desired),
+            diagnostics,
+        })
     }
 
     async fn validate(&self, _ctx: &Context, req: &ValidateRequest) -> Result<Vec<Diagnostic>> {
