@@ -295,6 +295,8 @@ impl Engine {
                     Err(e) => return failed(e),
                 };
                 let mut plan = plan::plan(&mut prepared, &current, &plugins.manifests, plugins);
+                // Providers that plan say what the engine cannot know (docs/plugin-protocol.md).
+                crate::provider_plan::consult(&mut plan, &mut prepared, &current, plugins);
                 if prepared.diags.has_errors() {
                     return failed(PlanFailure::invalid("", &prepared));
                 }

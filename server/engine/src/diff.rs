@@ -533,7 +533,7 @@ pub fn spec_path(keys: &[String]) -> String {
 }
 
 /// Appends `.key`, or `["key"]` (JSON-quoted) when the key is not plain.
-fn push_key(path: &mut String, key: &str) {
+pub(crate) fn push_key(path: &mut String, key: &str) {
     if is_plain_key(key) {
         path.push('.');
         path.push_str(key);

@@ -27,6 +27,7 @@ mod paths;
 pub mod plan;
 pub mod prepare;
 mod progress;
+mod provider_plan;
 pub mod provision;
 mod recovery;
 pub mod remote;

@@ -310,12 +310,13 @@ async fn the_host_service_requires_a_valid_token() {
 
     let token = host.issue_host_token("test-a");
     let other = host.issue_host_token("test-b");
-    let found = client
+    // Past authentication; then refused, since this caller serves no call for instance `i`
+    // (LookupResource reads only the instance a plugin's call is for).
+    let err = client
         .lookup_resource(with_token(lookup(), Some(&token)))
         .await
-        .expect("valid token")
-        .into_inner();
-    assert!(!found.found, "no state store yet");
+        .expect_err("not serving a call for the instance");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
 
     // Locks: exclusive, with a timeout, released only by the holder.
     let acquire = |t: &str, ms| {

@@ -1141,3 +1141,101 @@ fn apply_progress_is_shown_and_sampled() {
         "{kinds:?}"
     );
 }
+
+/// `PlanResource` is called for a provider that declares it (sim does), and the plan shows
+/// what it answered: the state values it knows before deploy (`state.*`, planned by the
+/// provider), its warning at the field it names, and a field it says cannot change in place,
+/// which turns an update into a recreate that the deploy carries out.
+#[test]
+fn the_providers_plan_is_in_the_plan() {
+    let root = TempDir::new("e2e-provider-plan");
+    let journal = root.join("journal.txt");
+    let engine = Engine::builder(root.path())
+        .env("TRELLIS_SIM_JOURNAL", &journal)
+        .start();
+    let blueprint = |payload: &str| {
+        format!(
+            "version: 2023-04-20\nresources:\n  thing:\n    type: sim/resource\n    spec:\n      payload: {payload}\n      recreateOn: [payload]\n      planWarning: mind the payload\n  plain:\n    type: sim/resource\n    spec:\n      payload: {payload}\n"
+        )
+    };
+    write(&root.join("p.yaml"), &blueprint("one"));
+    let (code, plan) = engine.json(&["plan", "p.yaml", "--instance", "pp"]);
+    assert_eq!(code, 0, "{plan}");
+    let resources = plan["changeSet"]["resources"].as_array().unwrap();
+    let fields = |name: &str| -> Vec<Value> {
+        resources
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name}: {plan}"))["fields"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let id = fields("thing")
+        .into_iter()
+        .find(|f| f["path"] == "state.id")
+        .unwrap_or_else(|| panic!("no planned state.id: {plan}"));
+    assert_eq!(id["origin"], "provider", "{id}");
+    assert!(
+        id["new"].as_str().is_some_and(|v| v.starts_with("sim-")),
+        "{id}"
+    );
+    let warning = plan["changeSet"]["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| {
+            d["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("mind the payload")
+        })
+        .unwrap_or_else(|| panic!("no warning from the provider's plan: {plan}"));
+    assert_eq!(warning["severity"], "warning", "{warning}");
+    assert_eq!(warning["line"], 8, "{warning}");
+
+    let (code, out) = engine.json(&["deploy", "p.yaml", "--instance", "pp"]);
+    assert_eq!(code, 0, "{out}");
+    let before = engine.instance("pp")["resources"]["thing"]["externalId"].clone();
+    // The payload changes: the provider's plan replaces `thing`; `plain` updates in place.
+    write(&root.join("p.yaml"), &blueprint("two"));
+    let (code, plan) = engine.json(&["plan", "p.yaml", "--instance", "pp"]);
+    assert_eq!(code, 0, "{plan}");
+    let actions = crate::engine_common::actions(&plan["changeSet"]["resources"]);
+    assert!(
+        actions.contains(&("thing".to_owned(), "RECREATE".to_owned()))
+            && actions.contains(&("plain".to_owned(), "UPDATE".to_owned())),
+        "{actions:?}"
+    );
+    let thing = plan["changeSet"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "thing")
+        .unwrap()
+        .clone();
+    assert!(
+        thing["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("spec.payload"),
+        "{thing}"
+    );
+    let id = plan["changeSet"]["id"].as_str().unwrap().to_owned();
+    let (code, out) = engine.json(&["deploy", "--change-set", &id]);
+    assert_eq!(code, 0, "{out}");
+    let journaled = std::fs::read_to_string(&journal).unwrap();
+    assert_eq!(
+        journaled
+            .lines()
+            .filter(|l| l.starts_with("destroyed thing"))
+            .count(),
+        1,
+        "{journaled}"
+    );
+    assert_eq!(
+        engine.instance("pp")["resources"]["thing"]["externalId"],
+        before,
+        "sim ids come from the name"
+    );
+}

@@ -455,7 +455,10 @@ fn field_text(f: &pb::FieldChange, forcing: bool) -> String {
         (Some(old), None) => line.push_str(&format!("{} → (removed)", value_text(old))),
         (None, None) => line.push_str("(removed)"),
     }
-    if !f.origin.is_empty() {
+    if f.origin == "provider" {
+        // A state value the provider's PlanResource says the resource will have.
+        line.push_str("  (planned by the provider)");
+    } else if !f.origin.is_empty() {
         line.push_str(&format!("  (injected by {})", f.origin));
     }
     if forcing && f.must_recreate {
