@@ -25,8 +25,8 @@ async fn manifest_declares_the_resource_function_and_retries() {
     let hs = h.handshake().await.expect("handshake");
     assert_eq!(hs.plugin.as_ref().map(|p| p.name.as_str()), Some("sim"));
     let caps = hs.capabilities.expect("capabilities");
-    assert!(caps.read_resource && caps.functions && caps.cancel);
-    assert!(!caps.plan_resource && !caps.links && !caps.data_sources);
+    assert!(caps.read_resource && caps.functions && caps.cancel && caps.plan_resource);
+    assert!(!caps.links && !caps.data_sources);
 
     let m = h.manifest().await.expect("manifest");
     let rt = &m.resource_types[0];
@@ -43,6 +43,8 @@ async fn manifest_declares_the_resource_function_and_retries() {
             "failPartial",
             "crashOn",
             "crashAfter",
+            "recreateOn",
+            "planWarning",
             "payload",
             "id"
         ]
@@ -355,4 +357,40 @@ async fn echo_round_trips_any_value() {
         .await
         .expect_err("extra argument");
     assert_eq!(err.path, Some(AttrPath::root().index(1)));
+}
+
+/// The plan states the id (from the name) and the payload where known, and passes the
+/// `recreateOn` and `planWarning` knobs on as recreate paths and a warning.
+#[tokio::test]
+async fn the_plan_states_what_sim_knows_and_its_knobs() {
+    let h = sim().await;
+    let desired = spec(serde_json::json!({
+        "payload": "p",
+        "recreateOn": ["payload"],
+        "planWarning": "careful"
+    }));
+    let current = ResourceState {
+        resource_type: RESOURCE_TYPE.into(),
+        name: "thing".into(),
+        external_id: sim_id("thing"),
+        spec: spec(serde_json::json!({ "payload": "old" })),
+        state: spec(serde_json::json!({ "id": sim_id("thing"), "payload": "old" })),
+    };
+    let plan = h.plan(Some(&current), desired).await.expect("plan");
+    assert_eq!(plan.recreate_paths, vec![AttrPath::root().field("payload")]);
+    assert_eq!(
+        plan.planned_state,
+        spec(serde_json::json!({ "id": sim_id("thing"), "payload": "p" }))
+    );
+    assert_eq!(plan.diagnostics.len(), 1, "{:?}", plan.diagnostics);
+    assert_eq!(plan.diagnostics[0].severity, Severity::Warning);
+    // An unknown payload stays unknown in the planned state.
+    let unknown = Value::map().with("payload", Value::Unknown);
+    let plan = h.plan(Some(&current), unknown).await.expect("plan");
+    assert_eq!(
+        plan.planned_state,
+        Value::map()
+            .with("id", sim_id("thing"))
+            .with("payload", Value::Unknown)
+    );
 }
