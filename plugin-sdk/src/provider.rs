@@ -263,6 +263,24 @@ pub struct ReadState {
     pub external_id: Option<String>,
 }
 
+impl ReadState {
+    /// The resource as found: its spec now and its computed state (the id the engine sent).
+    pub fn new(spec: impl Into<Value>, state: impl Into<Value>) -> ReadState {
+        ReadState {
+            spec: spec.into(),
+            state: state.into(),
+            external_id: None,
+        }
+    }
+
+    /// The resource's id as the provider found it (after a crash cut a create short, the
+    /// engine asks without one and records this).
+    pub fn with_external_id(mut self, external_id: impl Into<String>) -> ReadState {
+        self.external_id = Some(external_id.into());
+        self
+    }
+}
+
 /// A resource type. `create`, `update` and `destroy` are required; the rest
 /// have defaults.
 #[async_trait]
