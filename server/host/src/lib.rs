@@ -261,6 +261,24 @@ impl PluginHost {
     }
 
     /// The state of every discovered plugin.
+    /// Forgets the cached manifests of `plugins` (memory and disk), so the next use asks each
+    /// plugin again. Whether each had one cached on disk.
+    pub fn forget_manifests(&self, plugins: &[(PluginKind, &str)]) -> Vec<Result<bool, String>> {
+        plugins
+            .iter()
+            .map(|(kind, name)| {
+                let slot = self.slot(*kind, name).map_err(|e| e.to_string())?;
+                slot.forget_manifest();
+                match &self.inner.shared.cache {
+                    Some(cache) => cache
+                        .forget(&slot.binary.path)
+                        .map_err(|e| format!("cannot clear the cached manifest of {name}: {e}")),
+                    None => Ok(false),
+                }
+            })
+            .collect()
+    }
+
     pub fn status(&self) -> Vec<PluginStatus> {
         self.inner.slots.iter().map(|s| s.status()).collect()
     }

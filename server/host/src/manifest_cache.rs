@@ -109,6 +109,24 @@ impl ManifestCache {
     pub(crate) fn store(&self, sha: &str, manifest: &pb::Manifest) -> std::io::Result<()> {
         write_atomic(&self.manifest_path(sha), &manifest.encode_to_vec())
     }
+
+    /// Drops what is cached for `binary` (its manifest and fingerprint), so the next use asks
+    /// the plugin again. For a plugin whose manifest changes while its executable does not (a
+    /// script behind a launcher). Whether a manifest was cached.
+    pub(crate) fn forget(&self, binary: &Path) -> std::io::Result<bool> {
+        let sha = hash_file(binary)?;
+        let removed = match std::fs::remove_file(self.manifest_path(&sha)) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(e),
+        };
+        match std::fs::remove_file(self.fingerprint_path(binary)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(removed)
+    }
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

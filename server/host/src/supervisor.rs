@@ -522,6 +522,11 @@ impl Slot {
         }
     }
 
+    /// Forgets the manifest held in memory (see `PluginHost::forget_manifests`).
+    pub(crate) fn forget_manifest(&self) {
+        *lock(&self.manifest) = None;
+    }
+
     /// The manifest: from memory, else from the disk cache (keyed by the
     /// binary's SHA-256), else from GetManifest on a (launched) instance.
     pub(crate) async fn manifest(

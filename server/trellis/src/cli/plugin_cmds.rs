@@ -32,6 +32,16 @@ pub enum PluginsCommand {
     /// JSON value is a single argument. Exits 1 when the call fails (the
     /// function's error, a crash, a timeout), 2 when it cannot be made.
     Call(PluginsCallArgs),
+    /// Forget the cached manifests of plugins (all, or those named) and read
+    /// them again, then list the plugins as `list` does.
+    ///
+    /// The cache is keyed by the executable's content, so a plugin whose
+    /// manifest changes while its executable does not (a script behind a
+    /// launcher, while you develop it) keeps showing the old one until it is
+    /// refreshed. Give the engine's --data-dir to refresh its cache; a running
+    /// engine keeps the manifests it read until it restarts. Exits 1 when a
+    /// plugin cannot be read, 2 when a name matches no plugin.
+    Refresh(PluginsRefreshArgs),
 }
 
 /// Where plugins are found and where the host keeps its files; shared by
@@ -89,6 +99,16 @@ fn default_cache_dir() -> Option<PathBuf> {
                 .map(|h| PathBuf::from(h).join(".cache"))
         })?;
     Some(base.join("trellis").join("plugin-cache"))
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PluginsRefreshArgs {
+    /// Plugin names (a provider's namespace, a transformer's name); all
+    /// plugins when none is given.
+    #[arg(value_name = "NAME")]
+    pub names: Vec<String>,
+    #[command(flatten)]
+    pub list: PluginsListArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -158,7 +178,39 @@ pub fn run(args: &PluginsArgs) -> ExitCode {
     match &args.command {
         PluginsCommand::List(a) => rt.block_on(list(a)),
         PluginsCommand::Call(a) => rt.block_on(call(a)),
+        PluginsCommand::Refresh(a) => rt.block_on(refresh(a)),
     }
+}
+
+async fn refresh(args: &PluginsRefreshArgs) -> ExitCode {
+    let host = PluginHost::new(args.list.dirs.host_config());
+    let plugins = host.plugins();
+    if let Some(unknown) = args
+        .names
+        .iter()
+        .find(|n| !plugins.iter().any(|p| &p.name == *n))
+    {
+        eprintln!("error: no plugin named `{unknown}` (`trellis plugins list` shows them)");
+        return ExitCode::from(2);
+    }
+    let chosen: Vec<(PluginKind, &str)> = plugins
+        .iter()
+        .filter(|p| args.names.is_empty() || args.names.contains(&p.name))
+        .map(|p| (p.kind, p.name.as_str()))
+        .collect();
+    let mut failed = false;
+    for ((_, name), forgotten) in chosen.iter().zip(host.forget_manifests(&chosen)) {
+        if let Err(e) = forgotten {
+            eprintln!("error: {name}: {e}");
+            failed = true;
+        }
+    }
+    host.shutdown().await;
+    if failed {
+        return ExitCode::from(1);
+    }
+    // Read again (each plugin is started for it) and shown.
+    list(&args.list).await
 }
 
 async fn list(args: &PluginsListArgs) -> ExitCode {

@@ -122,3 +122,61 @@ fn a_python_plugin_looks_up_resources_of_its_own_instance_only() {
     let text = out.to_string();
     assert!(text.contains("PERMISSION_DENIED"), "{text}");
 }
+
+/// A plugin behind a launcher script (here pyecho, a Python file the launcher runs): its
+/// manifest changes while the launcher does not, so the cache, keyed by the executable, keeps
+/// the old one; `trellis plugins refresh` reads it again.
+#[test]
+fn plugins_refresh_reads_a_changed_manifest_behind_a_launcher() {
+    if !python_grpc_available() {
+        eprintln!(
+            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
+        );
+        return;
+    }
+    let python = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/interop/python")
+        .canonicalize()
+        .unwrap();
+    let dir = TempDir::new("py-refresh");
+    let script = dir.join("trellis_provider_pyecho.py");
+    std::fs::copy(python.join("trellis_provider_pyecho.py"), &script).unwrap();
+    let launcher = dir.join("bin/trellis-provider-pyecho");
+    write(
+        &launcher,
+        &format!(
+            "#!/usr/bin/env bash\nset -euo pipefail\nbash {py}/gen.sh --if-stale >&2\nexport PYTHONPATH={py}/_gen:{py}\nexec python3 -u {script} \"$@\"\n",
+            py = python.display(),
+            script = script.display()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let plugins = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .arg("plugins")
+            .args(args)
+            .args(["--no-bundled-plugins", "--format", "json"])
+            .arg("--plugin-dir")
+            .arg(dir.join("bin"))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        rows["plugins"][0]["version"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(plugins(&["list"]), "0.1.0");
+    let source = std::fs::read_to_string(&script).unwrap();
+    std::fs::write(
+        &script,
+        source.replace("VERSION = \"0.1.0\"", "VERSION = \"0.2.0\""),
+    )
+    .unwrap();
+    // The launcher did not change: the cached manifest stands...
+    assert_eq!(plugins(&["list"]), "0.1.0");
+    // ...until it is refreshed.
+    assert_eq!(plugins(&["refresh", "pyecho"]), "0.2.0");
+    assert_eq!(plugins(&["list"]), "0.2.0");
+}
