@@ -64,7 +64,7 @@ pub use host_service::{Caller, HOST_TOKEN_METADATA, StateLookup};
 pub use process::STDERR_TAIL_LINES;
 pub use supervisor::{
     ENV_NONCE, ENV_PROTOCOL_VERSIONS, ENV_SOCKET_DIR, HANDSHAKE_PREFIX, PROTOCOL_VERSIONS,
-    PluginStatus,
+    PluginStatus, connect as connect_plugin_socket, parse_handshake_line,
 };
 pub use util::describe_exit;
 

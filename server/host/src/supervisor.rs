@@ -873,7 +873,8 @@ async fn handshake(
     Ok((channel, resp, Some(reader)))
 }
 
-fn parse_handshake_line(rest: &str, dir: &Path) -> Result<PathBuf, String> {
+/// The socket path of a handshake line (after `TRELLIS_PLUGIN|`), which must lie in `dir`.
+pub fn parse_handshake_line(rest: &str, dir: &Path) -> Result<PathBuf, String> {
     let mut parts = rest.splitn(3, '|');
     let (Some(version), Some(network), Some(address)) = (parts.next(), parts.next(), parts.next())
     else {
@@ -905,7 +906,8 @@ fn parse_handshake_line(rest: &str, dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// A gRPC channel over the Unix socket at `path`.
-pub(crate) async fn connect(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
+/// A gRPC channel to a plugin's Unix socket.
+pub async fn connect(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
     Endpoint::from_static("http://trellis-plugin.invalid")
         .connect_timeout(Duration::from_secs(5))
         .connect_with_connector(tower::service_fn(move |_: Uri| {

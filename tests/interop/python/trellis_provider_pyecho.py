@@ -31,6 +31,8 @@ Provider config (all optional):
   applyDelayMs  a test knob: ApplyResource waits this long after its progress
                 event (stopping early if the call is cancelled), so tests can
                 catch a call in flight.
+  driftOnRead   a test knob: ReadResource reports `text` with a `!` added, the
+                phantom drift `trellis plugins check` must catch.
 """
 
 import functools
@@ -148,6 +150,14 @@ def build_manifest():
                 _schema(
                     plugin_pb2.INTEGER,
                     "Test knob: milliseconds ApplyResource waits after its progress event.",
+                ),
+            ),
+            _field(
+                "driftOnRead",
+                _schema(
+                    plugin_pb2.BOOLEAN,
+                    "Test knob: ReadResource reports `text` with a `!` added (phantom drift, "
+                    "for `trellis plugins check`).",
                 ),
             ),
         ],
@@ -481,6 +491,16 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
 
     @internal_errors(plugin_pb2.ReadResourceResponse)
     def ReadResource(self, request, context):
+        response = self._read(request)
+        if from_value(map_get(request.context.provider_config, "driftOnRead")) is True and (
+            response.exists
+        ):
+            text = map_get(response.spec, "text")
+            if text is not None and text.WhichOneof("kind") == "string":
+                text.string += "!"
+        return response
+
+    def _read(self, request):
         ctx = request.context
         cur = request.current
         try:

@@ -263,7 +263,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, String> {
     read_limited(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
-fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
+pub(crate) fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
     let buf = crate::cli::read_limited(path, MAX_FILE_BYTES).map_err(|e| e.to_string())?;
     if buf.len() > MAX_FILE_BYTES {
         return Err(format!(
@@ -275,7 +275,7 @@ fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
 
 /// Parses a YAML or JSON file (by extension) into a node tree; a file of only whitespace is
 /// an empty (null) document.
-fn parse_file(path: &Path, bytes: Vec<u8>) -> Result<(SourceMap, Node), String> {
+pub(crate) fn parse_file(path: &Path, bytes: Vec<u8>) -> Result<(SourceMap, Node), String> {
     let name = path.display().to_string();
     let mut sources = SourceMap::new();
     let mut diags = Diagnostics::default();

@@ -80,6 +80,7 @@ pub mod client;
 pub mod environment;
 mod eval;
 pub mod inputs;
+pub mod plugin_check;
 pub mod plugin_cmds;
 pub mod token;
 mod transformed;

@@ -42,6 +42,21 @@ pub enum PluginsCommand {
     /// engine keeps the manifests it read until it restarts. Exits 1 when a
     /// plugin cannot be read, 2 when a name matches no plugin.
     Refresh(PluginsRefreshArgs),
+    /// Check a plugin against the protocol: the conformance harness for
+    /// plugin authors (docs/plugin-protocol.md, "Checking a plugin").
+    ///
+    /// Without --cases: launch and handshake (the stdout line, the nonce, the
+    /// protocol version, its name, a 0600 socket), health, the manifest
+    /// (schemas, computed fields not required, link types, functions), and
+    /// exiting 0 with the socket removed on SIGTERM and when stdin closes.
+    /// With --cases FILE (a YAML or JSON list of `{type, config?, spec,
+    /// update?}`), each case runs through validate, create, read (a field that
+    /// reads back differently is phantom drift), the same create again with the
+    /// same idempotency key (no second resource), update, read, destroy, read
+    /// (gone) and destroy again. Each finding names the RPC and the field.
+    /// Exits 0 when nothing is found, 1 on any finding, 2 when the check
+    /// cannot run.
+    Check(super::plugin_check::PluginsCheckArgs),
 }
 
 /// Where plugins are found and where the host keeps its files; shared by
@@ -179,6 +194,7 @@ pub fn run(args: &PluginsArgs) -> ExitCode {
         PluginsCommand::List(a) => rt.block_on(list(a)),
         PluginsCommand::Call(a) => rt.block_on(call(a)),
         PluginsCommand::Refresh(a) => rt.block_on(refresh(a)),
+        PluginsCommand::Check(a) => rt.block_on(super::plugin_check::run(a)),
     }
 }
 

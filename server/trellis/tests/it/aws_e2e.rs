@@ -657,3 +657,42 @@ fn the_events_app_example_deploys_its_links_and_destroys() {
         "no subscription of the queue is left: {subs}"
     );
 }
+
+/// The AWS provider passes `trellis plugins check`, its cases against moto: a queue and a
+/// bucket through create, read, a repeated create with the same key, update, destroy, read.
+#[test]
+fn plugins_check_passes_the_aws_provider() {
+    let Some(m) = moto() else { return };
+    let root = TempDir::new("aws-check");
+    let aws = workspace_binary(
+        "trellis-provider-aws",
+        "trellis-provider-aws",
+        "TRELLIS_TEST_AWS",
+    );
+    let queue = unique("check-q");
+    let bucket = unique("check-b");
+    write(
+        &root.join("cases.yaml"),
+        &format!(
+            "- type: aws/sqs/queue\n  config: {{region: us-east-1, endpoint: \"{e}\"}}\n  spec: {{queueName: {queue}, visibilityTimeout: 30}}\n  update: {{queueName: {queue}, visibilityTimeout: 45}}\n- type: aws/s3/bucket\n  config: {{region: us-east-1, endpoint: \"{e}\"}}\n  spec: {{bucketName: {bucket}}}\n",
+            e = m.endpoint
+        ),
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"));
+    cmd.args(["plugins", "check", "--format", "json", "--cases"])
+        .arg(root.join("cases.yaml"))
+        .arg(&aws);
+    for (k, v) in CREDENTIALS {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(v["findings"], 0, "{v}");
+}

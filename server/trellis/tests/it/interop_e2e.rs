@@ -180,3 +180,62 @@ fn plugins_refresh_reads_a_changed_manifest_behind_a_launcher() {
     assert_eq!(plugins(&["refresh", "pyecho"]), "0.2.0");
     assert_eq!(plugins(&["list"]), "0.2.0");
 }
+
+/// The Python provider passes `trellis plugins check` with a case that runs a message through
+/// its life (its `stateDir` makes reads see what exists), and the harness catches the phantom
+/// drift of a provider that reads back something else than it wrote, naming the field.
+#[test]
+fn plugins_check_passes_pyecho_and_catches_phantom_drift() {
+    if !python_grpc_available() {
+        eprintln!(
+            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
+        );
+        return;
+    }
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/python");
+    let dir = TempDir::new("py-check");
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let cases = |drift: bool| {
+        let file = dir.join(&format!("cases-{drift}.yaml"));
+        write(
+            &file,
+            &format!(
+                "- type: pyecho/message\n  config: {{stateDir: {}, driftOnRead: {drift}}}\n  spec: {{text: hello, repeat: 2}}\n  update: {{text: bye, repeat: 3}}\n",
+                state.display()
+            ),
+        );
+        file
+    };
+    let run = |file: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .args(["plugins", "check", "--format", "json", "--cases"])
+            .arg(file)
+            .arg(python.join("bin/trellis-provider-pyecho"))
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", all_output(&out)));
+        (out.status.code(), v)
+    };
+    let (code, v) = run(&cases(false));
+    assert_eq!(
+        (code, &v["findings"]),
+        (Some(0), &serde_json::json!(0)),
+        "{v}"
+    );
+    let (code, v) = run(&cases(true));
+    assert_eq!(code, Some(1), "{v}");
+    let found: Vec<&serde_json::Value> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["findings"].as_array().unwrap())
+        .collect();
+    assert!(
+        found
+            .iter()
+            .any(|f| f["rpc"] == "ReadResource" && f["field"] == "spec.text"),
+        "{v}"
+    );
+}

@@ -222,3 +222,117 @@ fn the_parent_death_signal_kills_a_plugin_that_ignores_stdin() {
     }
     assert!(has_exited(plugin), "plugin {plugin} outlived the engine");
 }
+
+/// `trellis plugins check` on a plugin's executable: the findings (JSON) and the exit code.
+fn check(root: &TempDir, args: &[&str], env: &[(&str, &Path)]) -> (i32, serde_json::Value) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trellis"));
+    cmd.args(["plugins", "check"])
+        .args(args)
+        .args(["--format", "json"])
+        .current_dir(root.path())
+        .env_remove("TRELLIS_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run trellis");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), v)
+}
+
+/// The bundled providers and transformer pass the harness: sim and local with cases that run
+/// resources through create, read, a repeated create, update, destroy and read.
+#[test]
+fn plugins_check_passes_the_bundled_plugins() {
+    let root = TempDir::new("check-bundled");
+    let write = |name: &str, text: &str| {
+        let p = root.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let sim_cases = write(
+        "sim.yaml",
+        "- type: sim/resource\n  spec: {payload: {a: 1}}\n  update: {payload: {a: 2}}\n",
+    );
+    let local_cases = write(
+        "local.yaml",
+        "- type: local/file\n  spec: {path: checked.txt, content: \"hello\\n\", mode: \"0640\"}\n  update: {path: checked.txt, content: \"bye\\n\", mode: \"0600\"}\n- type: local/directory\n  spec: {path: checked-dir}\n",
+    );
+    // sim remembers what exists only in its journal.
+    let journal = root.join("journal.txt");
+    let sim = sim_binary();
+    let (code, v) = check(
+        &root,
+        &[
+            sim.to_str().unwrap(),
+            "--cases",
+            sim_cases.to_str().unwrap(),
+        ],
+        &[("TRELLIS_SIM_JOURNAL", &journal)],
+    );
+    assert_eq!((code, &v["findings"]), (0, &serde_json::json!(0)), "{v}");
+    assert_eq!(v["checks"].as_array().unwrap().len(), 5, "{v}");
+    let local = workspace_binary(
+        "trellis-provider-local",
+        "trellis-provider-local",
+        "TRELLIS_TEST_LOCAL",
+    );
+    let (code, v) = check(
+        &root,
+        &[
+            local.to_str().unwrap(),
+            "--cases",
+            local_cases.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!((code, &v["findings"]), (0, &serde_json::json!(0)), "{v}");
+    // The cases cleaned up after themselves.
+    assert!(!root.join("checked.txt").exists() && !root.join("checked-dir").exists());
+    let celerity = workspace_binary(
+        "trellis-transformer-celerity",
+        "trellis-transformer-celerity-2023-04-20",
+        "TRELLIS_TEST_CELERITY",
+    );
+    let (code, v) = check(&root, &[celerity.to_str().unwrap()], &[]);
+    assert_eq!((code, &v["findings"]), (0, &serde_json::json!(0)), "{v}");
+}
+
+/// A plugin that prints a handshake line but serves nothing is found out, with the step.
+#[test]
+fn plugins_check_reports_a_plugin_that_does_not_serve() {
+    let root = TempDir::new("check-broken");
+    let dir = root.join("plugins");
+    let fake = script(
+        &dir,
+        "trellis-provider-fake",
+        "echo \"TRELLIS_PLUGIN|1|unix|$TRELLIS_PLUGIN_SOCKET_DIR/fake.sock\"\nexec sleep 30",
+    );
+    let (code, v) = check(&root, &[fake.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{v}");
+    let first = &v["checks"][0];
+    assert_eq!(first["check"], "launch and handshake", "{v}");
+    assert!(
+        first["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["rpc"] == "launch"),
+        "{v}"
+    );
+    // A file that is not named as a plugin is refused before anything runs.
+    let odd = script(&dir, "my-plugin", "exit 0");
+    let (code, v) = check(&root, &[odd.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{v}");
+    assert!(
+        v["checks"][0]["findings"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("trellis-provider-NAME")
+    );
+}
