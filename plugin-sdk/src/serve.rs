@@ -250,9 +250,24 @@ async fn engine_gone(stdin: &mut Option<oneshot::Receiver<()>>) {
     std::future::pending::<()>().await;
 }
 
-async fn stop_requested(stdin: &mut Option<oneshot::Receiver<()>>) -> Stop {
-    let mut term = signal(SignalKind::terminate()).ok();
-    let mut int = signal(SignalKind::interrupt()).ok();
+/// SIGTERM and SIGINT, caught from the moment this is made: before the handshake line, so a
+/// signal the engine sends as soon as it has read the line is a graceful stop, not a kill.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn catch() -> Signals {
+        Signals {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+}
+
+async fn stop_requested(stdin: &mut Option<oneshot::Receiver<()>>, signals: &mut Signals) -> Stop {
+    let Signals { term, int } = signals;
     let term_fut = async {
         match term.as_mut() {
             Some(s) => {
@@ -301,6 +316,7 @@ async fn run(services: Services, dir: PathBuf) -> ExitCode {
     });
     tokio::pin!(server);
 
+    let mut signals = Signals::catch();
     {
         let mut out = std::io::stdout().lock();
         let line = format!("TRELLIS_PLUGIN|{PROTOCOL_VERSION}|unix|{}", path.display());
@@ -325,7 +341,7 @@ async fn run(services: Services, dir: PathBuf) -> ExitCode {
                 }
             };
         }
-        s = stop_requested(&mut stdin) => s,
+        s = stop_requested(&mut stdin, &mut signals) => s,
     };
     let calls = services.calls.clone();
     tracing::info!(in_flight = calls.in_flight(), "shutting down ({stop:?})");
