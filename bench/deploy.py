@@ -19,7 +19,17 @@ directory, and measures:
 - reconcile time: a third instance whose engine is killed (SIGKILL) half way through its
   deploy and restarted; `trellis reconcile --mode reapply` settles the calls left in flight.
 
+State: `--state sqlite` (the default) keeps it in `state.db` in each run's fresh data directory.
+`--state postgres://USER@HOST:PORT/DB` gives each run a fresh database instead: the script
+creates `trellis_bench_<random>` through `psql` connected to the given URL's database
+(`CREATE DATABASE`), starts every engine of the run with `--state` pointing at it (the restart of
+the reconcile phase reuses it, as it reuses the data directory), and drops it after the run
+(`DROP DATABASE ... WITH (FORCE)`, PostgreSQL 13 or later). The password, if any, goes in
+PGPASSWORD, not the URL. With PostgreSQL, the deploy table also gives the CPU seconds the
+database server's backends serving that database used during the deploy ("store CPU").
+
 Usage: python3 bench/deploy.py [--resources 1000 10000] [--layers 10] [--latency-ms 200]
+                               [--state sqlite|postgres://root@127.0.0.1:5432/test]
                                [--skip-rollback] [--skip-reconcile]
 Build first: cargo build --release --workspace
 """
@@ -34,6 +44,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # TRELLIS_BENCH_BIN: a directory holding copies of the binaries (so a rebuild in target/ cannot
@@ -92,16 +104,50 @@ def children(pid):
     return out
 
 
-class Engine:
-    """A `trellis serve` on a free port with its data in `work/data`."""
+def psql(url, sql):
+    """Runs `sql` through `psql` connected to `url`; its output (unaligned, tuples only)."""
+    out = subprocess.run(["psql", url, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+                          "-c", sql], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"psql failed: {out.stderr.strip()}")
+    return out.stdout
 
-    def __init__(self, work, parallel):
+
+class Database:
+    """A fresh PostgreSQL database for one run, made next to the one `admin_url` names."""
+
+    def __init__(self, admin_url):
+        self.admin_url = admin_url
+        self.name = f"trellis_bench_{uuid.uuid4().hex[:12]}"
+        psql(admin_url, f"CREATE DATABASE {self.name}")
+        u = urllib.parse.urlsplit(admin_url)
+        self.url = urllib.parse.urlunsplit((u.scheme, u.netloc, "/" + self.name, u.query, ""))
+
+    def backends(self):
+        """The server processes serving this database (the engine's connections)."""
+        out = psql(self.admin_url, "SELECT pid FROM pg_stat_activity "
+                                   f"WHERE datname = '{self.name}'")
+        return [int(p) for p in out.split()]
+
+    def cpu_s(self):
+        return sum(cpu_s(p) for p in self.backends())
+
+    def drop(self):
+        psql(self.admin_url, f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+
+
+class Engine:
+    """A `trellis serve` on a free port with its data in `work/data`, and its state there
+    (`state` None) or at the PostgreSQL URL `state`."""
+
+    def __init__(self, work, parallel, state=None):
         self.work = work
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, "trellis"), "serve", "--listen", "127.0.0.1:0",
-             "--data-dir", os.path.join(work, "data"), "--max-parallel", str(parallel),
-             "--log-level", "warn"],
-            cwd=work, stdout=subprocess.PIPE, text=True)
+        cmd = [os.path.join(BIN, "trellis"), "serve", "--listen", "127.0.0.1:0",
+               "--data-dir", os.path.join(work, "data"), "--max-parallel", str(parallel),
+               "--log-level", "warn"]
+        if state:
+            cmd += ["--state", state]
+        self.proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"listening on (\S+)", line)
         if not m:
@@ -162,33 +208,39 @@ def event_time(e):
     return datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()
 
 
-def run(n, layers, latency, parallel, rollback=True, reconcile=True):
+def run(n, layers, latency, parallel, rollback=True, reconcile=True, state="sqlite"):
     work = tempfile.mkdtemp(prefix="trellis-bench-")
+    db = None if state == "sqlite" else Database(state)
+    url = db.url if db else None
+    engine = None
     try:
         with open(os.path.join(work, "bench.yaml"), "w") as f:
             f.write(blueprint(n, layers, latency))
         with open(os.path.join(work, "failing.yaml"), "w") as f:
             f.write(blueprint(n, layers, latency, failing=True))
-        engine = Engine(work, parallel)
+        engine = Engine(work, parallel, url)
         idle = rss_kib(engine.pid)
         plan_s, out = engine.cli("plan", "bench.yaml", "--instance", "bench")
         cs = re.search(r'"id":\s*"(cs_[0-9a-f]+)"', out).group(1)
 
         plugins = children(engine.pid)
-        cpu0 = cpu_s(engine.pid), sum(cpu_s(p) for p in plugins)
+        cpu0 = cpu_s(engine.pid), sum(cpu_s(p) for p in plugins), db.cpu_s() if db else 0.0
         with Peak(engine.pid) as deploy_peak:
             deploy_s, _ = engine.cli("deploy", "--change-set", cs)
-        cpu1 = cpu_s(engine.pid), sum(cpu_s(p) for p in plugins)
+        cpu1 = cpu_s(engine.pid), sum(cpu_s(p) for p in plugins), db.cpu_s() if db else 0.0
         with Peak(engine.pid) as destroy_peak:
             destroy_s, _ = engine.cli("destroy", "--instance", "bench")
         after_destroy = rss_kib(engine.pid)
         critical = layers * latency / 1000
+        # With --latency-ms 0 there is no critical path to compare with: no ratios.
+        per = (lambda s: s / critical) if critical else (lambda s: None)
         r = {
             "resources": n, "layers": layers, "latency_ms": latency, "parallel": parallel,
-            "plan_s": plan_s, "deploy_s": deploy_s, "ratio": deploy_s / critical,
+            "plan_s": plan_s, "deploy_s": deploy_s, "ratio": per(deploy_s),
             "rss_idle_mib": idle / 1024, "rss_peak_mib": deploy_peak.kib / 1024,
             "engine_cpu_s": cpu1[0] - cpu0[0], "plugin_cpu_s": cpu1[1] - cpu0[1],
-            "destroy_s": destroy_s, "destroy_ratio": destroy_s / critical,
+            "store_cpu_s": cpu1[2] - cpu0[2] if db else None,
+            "destroy_s": destroy_s, "destroy_ratio": per(destroy_s),
             "destroy_peak_mib": destroy_peak.kib / 1024, "after_destroy_mib": after_destroy / 1024,
         }
         if rollback:
@@ -202,22 +254,22 @@ def run(n, layers, latency, parallel, rollback=True, reconcile=True):
                          if e["kind"] == "operation.finished")
             undone = sum(1 for e in events if e["kind"] == "resource.destroyed")
             r["rollback_s"] = ended - started
-            r["rollback_ratio"] = r["rollback_s"] / critical
+            r["rollback_ratio"] = per(r["rollback_s"])
             r["rolled_back"] = undone
         engine.stop()
         if reconcile:
             # Killed half way through its deploy: the calls in flight stay intents.
-            engine = Engine(work, parallel)
+            engine = Engine(work, parallel, url)
             _, out = engine.cli("plan", "bench.yaml", "--instance", "rc")
             cs = re.search(r'"id":\s*"(cs_[0-9a-f]+)"', out).group(1)
             deploy = subprocess.Popen(
                 [os.path.join(BIN, "trellis"), "deploy", "--change-set", cs, "--engine",
                  engine.addr, "--format", "json"], cwd=work,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(critical / 2)
+            time.sleep((critical or deploy_s) / 2)
             engine.kill()
             deploy.wait(timeout=60)
-            engine = Engine(work, parallel)
+            engine = Engine(work, parallel, url)
             reconcile_s, out = engine.cli("reconcile", "--instance", "rc", "--mode", "reapply")
             op = json.loads(out)["operation"]["id"]
             settled = sum(1 for e in engine.events("rc")
@@ -226,12 +278,21 @@ def run(n, layers, latency, parallel, rollback=True, reconcile=True):
             r["reconcile_s"] = reconcile_s
             r["reconciled"] = settled
             engine.stop()
+        engine = None
         return r
     finally:
+        if engine is not None and engine.proc.poll() is None:
+            engine.kill()
+        if db:
+            db.drop()
         if os.environ.get("TRELLIS_BENCH_KEEP"):
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def ratio(x):
+    return "—" if x is None else f"{x:.3f}"
 
 
 def main():
@@ -243,31 +304,41 @@ def main():
                     help="--max-parallel of the engine (default: the layer width)")
     ap.add_argument("--skip-rollback", action="store_true")
     ap.add_argument("--skip-reconcile", action="store_true")
+    ap.add_argument("--state", default="sqlite",
+                    help="sqlite (default), or a PostgreSQL URL (postgres://USER@HOST:PORT/DB) "
+                         "next to which each run gets a fresh database")
     args = ap.parse_args()
+    if not (args.state == "sqlite" or args.state.startswith(("postgres://", "postgresql://"))):
+        raise SystemExit("--state: sqlite or a postgres:// URL")
     if not os.path.exists(os.path.join(BIN, "trellis-provider-sim")):
         raise SystemExit("build first: cargo build --release --workspace")
+    pg = args.state != "sqlite"
+    print(f"state: {'PostgreSQL' if pg else 'SQLite'}")
     print("| resources | layers x latency | parallel | plan | deploy | deploy / critical path "
-          "| RSS idle | RSS peak | engine CPU | plugin CPU |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| RSS idle | RSS peak | engine CPU | plugin CPU |" + (" store CPU |" if pg else ""))
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+          + (" ---: |" if pg else ""))
     results = []
     for n in args.resources:
         parallel = args.parallel or max(1, n // args.layers)
         r = run(n, args.layers, args.latency_ms, parallel,
-                rollback=not args.skip_rollback, reconcile=not args.skip_reconcile)
+                rollback=not args.skip_rollback, reconcile=not args.skip_reconcile,
+                state=args.state)
         results.append(r)
         print(f"| {n:,} | {args.layers} x {args.latency_ms} ms | {parallel} | {r['plan_s']:.2f} s "
-              f"| {r['deploy_s']:.2f} s | {r['ratio']:.3f} | {r['rss_idle_mib']:.0f} MiB "
+              f"| {r['deploy_s']:.2f} s | {ratio(r['ratio'])} | {r['rss_idle_mib']:.0f} MiB "
               f"| {r['rss_peak_mib']:.0f} MiB | {r['engine_cpu_s']:.2f} s "
-              f"| {r['plugin_cpu_s']:.2f} s |", flush=True)
+              f"| {r['plugin_cpu_s']:.2f} s |"
+              + (f" {r['store_cpu_s']:.2f} s |" if pg else ""), flush=True)
     print()
     print("| resources | destroy | destroy / critical path | RSS peak | RSS after "
           "| rollback (undone) | rollback / critical path | reconcile (settled) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        rb = (f"{r['rollback_s']:.2f} s ({r['rolled_back']:,}) | {r['rollback_ratio']:.3f}"
+        rb = (f"{r['rollback_s']:.2f} s ({r['rolled_back']:,}) | {ratio(r['rollback_ratio'])}"
               if "rollback_s" in r else "— | —")
         rc = (f"{r['reconcile_s']:.2f} s ({r['reconciled']:,})" if "reconcile_s" in r else "—")
-        print(f"| {r['resources']:,} | {r['destroy_s']:.2f} s | {r['destroy_ratio']:.3f} "
+        print(f"| {r['resources']:,} | {r['destroy_s']:.2f} s | {ratio(r['destroy_ratio'])} "
               f"| {r['destroy_peak_mib']:.0f} MiB | {r['after_destroy_mib']:.0f} MiB | {rb} | {rc} |",
               flush=True)
 
