@@ -32,6 +32,9 @@ use super::supervisor::{Instance, Slot};
 
 use super::values;
 
+
+/// How long a stream's end (its trailers) is waited for once its result has arrived.
+const STREAM_END_GRACE: Duration = Duration::from_secs(2);
 /// Per-call settings.
 #[derive(Clone, Debug, Default)]
 pub struct CallOptions {
@@ -661,7 +664,20 @@ impl ProviderClient {
                                 }) => on_progress(&p),
                                 Some(pb::ApplyResourceEvent {
                                     event: Some(pb::apply_resource_event::Event::Result(res)),
-                                }) => return Ok(res),
+                                }) => {
+                                    // Read to the end of the stream (its trailers): a stream
+                                    // dropped before it is the client resetting it, and a
+                                    // plugin's HTTP/2 server answers a flood of resets (a
+                                    // deploy of thousands of quick calls) with ENHANCE_YOUR_CALM,
+                                    // failing every call on the connection. The result stands
+                                    // whatever comes after it; a plugin that never ends the
+                                    // stream gets a moment, not the call's deadline.
+                                    let _ = tokio::time::timeout(STREAM_END_GRACE, async {
+                                        while let Ok(Some(_)) = stream.message().await {}
+                                    })
+                                    .await;
+                                    return Ok(res);
+                                }
                                 Some(pb::ApplyResourceEvent { event: None }) => {}
                                 None => {
                                     return Err(Fail::Protocol(
