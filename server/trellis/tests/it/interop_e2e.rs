@@ -224,6 +224,23 @@ fn plugins_check_passes_pyecho_and_catches_phantom_drift() {
         (Some(0), &serde_json::json!(0)),
         "{v}"
     );
+    // kv, built on the Python SDK (sdk/python), passes too.
+    let kv_cases = dir.join("kv.yaml");
+    write(
+        &kv_cases,
+        &format!(
+            "- type: kv/entry\n  config: {{dir: {}}}\n  spec: {{key: k1, value: one}}\n  update: {{key: k1, value: two}}\n",
+            state.display()
+        ),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(["plugins", "check", "--cases"])
+        .arg(&kv_cases)
+        .arg(python.join("bin/trellis-provider-kv"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+
     let (code, v) = run(&cases(true));
     assert_eq!(code, Some(1), "{v}");
     let found: Vec<&serde_json::Value> = v["checks"]
