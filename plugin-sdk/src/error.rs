@@ -173,7 +173,7 @@ impl PluginError {
 
     pub fn to_proto(&self) -> pb::Error {
         pb::Error {
-            class: self.class.to_proto() as i32,
+            error_class: self.class.to_proto() as i32,
             message: self.message.clone(),
             path: self.path.as_ref().map(pb::AttributePath::from),
             partial_state: self.partial_state.as_deref().map(Value::to_proto),
@@ -182,7 +182,7 @@ impl PluginError {
 
     pub fn from_proto(e: pb::Error) -> PluginError {
         PluginError {
-            class: ErrorClass::from_proto(e.class),
+            class: ErrorClass::from_proto(e.error_class),
             message: e.message,
             path: e.path.map(AttrPath::from),
             partial_state: e.partial_state.map(|v| Box::new(Value::from(v))),

@@ -245,6 +245,7 @@ impl Harness {
             protocol_versions: versions,
             host_address: "unix:/nonexistent/harness-host.sock".to_owned(),
             host_token: "harness-token".to_owned(),
+            ..Default::default()
         };
         Ok(self.plugin_client().handshake(req).await?.into_inner())
     }

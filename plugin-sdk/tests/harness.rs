@@ -843,7 +843,7 @@ async fn transformer_round_trip() {
     };
     let r = client.transform(bad).await.expect("transform").into_inner();
     assert_eq!(
-        r.error.map(|e| e.class),
+        r.error.map(|e| e.error_class),
         Some(pb::ErrorClass::BadInput as i32)
     );
 }

@@ -92,7 +92,7 @@ pub fn all(shared: &Shared) -> Vec<Box<dyn Link>> {
 }
 
 fn is_destroy(link: &LinkRequest) -> bool {
-    link.update_type == LinkUpdateType::LinkDestroy
+    link.update_type == LinkUpdateType::Destroy
 }
 
 /// A computed or spec field of a linked resource.

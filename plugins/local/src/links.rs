@@ -102,7 +102,7 @@ fn is_absent(state: &Value) -> bool {
 /// Whether the call undoes the link: the engine says so (`LINK_DESTROY`), or
 /// resource B is gone (engines that predate `update_type`).
 fn is_removal(link: &LinkRequest) -> bool {
-    link.update_type == trellis_plugin_sdk::proto::LinkUpdateType::LinkDestroy
+    link.update_type == trellis_plugin_sdk::proto::LinkUpdateType::Destroy
         || is_absent(&link.resource_b.state)
 }
 
@@ -289,7 +289,7 @@ impl Link for EnvFileLink {
         }
         match self.variable(link) {
             Ok(var) => {
-                if link.update_type != trellis_plugin_sdk::proto::LinkUpdateType::LinkDestroy
+                if link.update_type != trellis_plugin_sdk::proto::LinkUpdateType::Destroy
                     && link
                         .resource_a
                         .spec

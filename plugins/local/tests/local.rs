@@ -1108,7 +1108,7 @@ async fn link_destroy_removes_the_env_line() {
     let text = std::fs::read_to_string(tmp.path().join("app.env")).expect("env text");
     assert!(text.contains("FILE_CONF="), "{text}");
     let mut gone = link(&env, &file, Value::map(), added);
-    gone.update_type = trellis_plugin_sdk::proto::LinkUpdateType::LinkDestroy;
+    gone.update_type = trellis_plugin_sdk::proto::LinkUpdateType::Destroy;
     h.update_link_resource_a(&gone).await.expect("unlink");
     let text = std::fs::read_to_string(tmp.path().join("app.env")).expect("env text");
     assert!(!text.contains("FILE_CONF="), "{text}");

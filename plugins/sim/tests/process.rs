@@ -190,6 +190,7 @@ fn handshake(nonce: &str) -> pb::HandshakeRequest {
         protocol_versions: vec![1],
         host_address: "unix:/nonexistent".into(),
         host_token: "t".into(),
+        ..Default::default()
     }
 }
 

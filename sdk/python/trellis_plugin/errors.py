@@ -22,7 +22,7 @@ class PluginError(Exception):
     external_id:   ApplyResource: the id of what was created before the failure
     """
 
-    error_class = types_pb2.INTERNAL
+    error_class = types_pb2.ERROR_CLASS_INTERNAL
 
     def __init__(self, message, path=None, *, partial_state=None, external_id=""):
         super().__init__(message)
@@ -33,7 +33,7 @@ class PluginError(Exception):
 
     def to_proto(self):
         # `class` is a Python keyword: it can only be set through ** unpacking.
-        err = types_pb2.Error(**{"class": self.error_class}, message=self.message)
+        err = types_pb2.Error(error_class=self.error_class, message=self.message)
         if self.path is not None:
             err.path.CopyFrom(to_path(self.path))
         if self.partial_state is not None:
@@ -46,43 +46,43 @@ class PluginError(Exception):
 
     @property
     def class_name(self):
-        return types_pb2.ErrorClass.Name(self.error_class)
+        return types_pb2.ErrorClass.Name(self.error_class).removeprefix("ERROR_CLASS_")
 
 
 class Transient(PluginError):
     """Worth retrying: throttling, timeouts, eventual consistency. The only class retried."""
 
-    error_class = types_pb2.TRANSIENT
+    error_class = types_pb2.ERROR_CLASS_TRANSIENT
 
 
 class BadInput(PluginError):
     """The input is wrong; retrying cannot help. Give the path of the attribute."""
 
-    error_class = types_pb2.BAD_INPUT
+    error_class = types_pb2.ERROR_CLASS_BAD_INPUT
 
 
 class Conflict(PluginError):
     """The resource is in a state that conflicts with the request."""
 
-    error_class = types_pb2.CONFLICT
+    error_class = types_pb2.ERROR_CLASS_CONFLICT
 
 
 class NotFound(PluginError):
     """The resource, or something it needs, does not exist."""
 
-    error_class = types_pb2.NOT_FOUND
+    error_class = types_pb2.ERROR_CLASS_NOT_FOUND
 
 
 class Permission(PluginError):
     """The provider's credentials do not allow the operation."""
 
-    error_class = types_pb2.PERMISSION
+    error_class = types_pb2.ERROR_CLASS_PERMISSION
 
 
 class Internal(PluginError):
     """A bug or an unexpected condition in the plugin."""
 
-    error_class = types_pb2.INTERNAL
+    error_class = types_pb2.ERROR_CLASS_INTERNAL
 
 
 class Cancelled(Transient):
@@ -120,12 +120,12 @@ def from_exception(exc, where):
 
 
 _BY_CLASS = {
-    types_pb2.TRANSIENT: Transient,
-    types_pb2.BAD_INPUT: BadInput,
-    types_pb2.CONFLICT: Conflict,
-    types_pb2.NOT_FOUND: NotFound,
-    types_pb2.PERMISSION: Permission,
-    types_pb2.INTERNAL: Internal,
+    types_pb2.ERROR_CLASS_TRANSIENT: Transient,
+    types_pb2.ERROR_CLASS_BAD_INPUT: BadInput,
+    types_pb2.ERROR_CLASS_CONFLICT: Conflict,
+    types_pb2.ERROR_CLASS_NOT_FOUND: NotFound,
+    types_pb2.ERROR_CLASS_PERMISSION: Permission,
+    types_pb2.ERROR_CLASS_INTERNAL: Internal,
 }
 
 
@@ -133,7 +133,7 @@ def from_proto(err):
     """A protocol Error (from a Host call's answer) as the matching exception."""
     from .values import from_path, from_value
 
-    cls = _BY_CLASS.get(getattr(err, "class"), Internal)
+    cls = _BY_CLASS.get(err.error_class, Internal)
     path = from_path(err.path) if err.HasField("path") else None
     partial = from_value(err.partial_state) if err.HasField("partial_state") else None
     return cls(err.message, path, partial_state=partial)

@@ -119,15 +119,15 @@ class Diagnostic:
 
     @classmethod
     def error(cls, code, message, path=None, hint=""):
-        return cls(types_pb2.ERROR, code, message, path, hint)
+        return cls(types_pb2.SEVERITY_ERROR, code, message, path, hint)
 
     @classmethod
     def warning(cls, code, message, path=None, hint=""):
-        return cls(types_pb2.WARNING, code, message, path, hint)
+        return cls(types_pb2.SEVERITY_WARNING, code, message, path, hint)
 
     @classmethod
     def info(cls, code, message, path=None, hint=""):
-        return cls(types_pb2.INFO, code, message, path, hint)
+        return cls(types_pb2.SEVERITY_INFO, code, message, path, hint)
 
     def to_proto(self):
         d = types_pb2.Diagnostic(

@@ -17,7 +17,7 @@ class Type:
 
     def to_proto(self, description="", allowed=None, default=None):
         s = plugin_pb2.Schema(
-            type=plugin_pb2.SchemaType.Value(self.kind),
+            type=plugin_pb2.SchemaType.Value("SCHEMA_TYPE_" + self.kind),
             description=description or self.description,
         )
         if self.items is not None:
@@ -167,7 +167,7 @@ class Param:
     def to_proto(self):
         return plugin_pb2.FunctionParam(
             name=self.name,
-            type=plugin_pb2.SchemaType.Value(self.type.kind),
+            type=plugin_pb2.SchemaType.Value("SCHEMA_TYPE_" + self.type.kind),
             optional=self.optional,
             description=self.description,
         )
@@ -189,7 +189,7 @@ class FunctionDef:
             name=self.name,
             description=self.description,
             params=[p.to_proto() for p in self.params],
-            returns=plugin_pb2.SchemaType.Value(self.returns.kind),
+            returns=plugin_pb2.SchemaType.Value("SCHEMA_TYPE_" + self.returns.kind),
         )
         if self.variadic is not None:
             d.variadic.CopyFrom(self.variadic.to_proto())

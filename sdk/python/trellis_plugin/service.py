@@ -53,7 +53,7 @@ class Declaration:
             if f.name in self.functions:
                 raise ValueError(f"function `{f.name}` is declared twice")
             self.functions[f.name] = f
-        info = plugin_pb2.PluginInfo(kind=plugin_pb2.PROVIDER, name=provider.name,
+        info = plugin_pb2.PluginInfo(kind=plugin_pb2.PLUGIN_KIND_PROVIDER, name=provider.name,
                                      version=provider.version)
         self.manifest = plugin_pb2.Manifest(
             plugin=info,

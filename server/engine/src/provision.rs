@@ -378,11 +378,13 @@ impl PluginProvisioner {
             .map_err(|e| Failure::of_call(&e))?;
         match resp.error {
             // Already gone is what destroy wants.
-            Some(e) if e.class != pb::ErrorClass::NotFound as i32 => Err(Failure::new(format!(
-                "provider `{}`: {}",
-                namespace(&target.resource_type),
-                e.message
-            ))),
+            Some(e) if e.error_class != pb::ErrorClass::NotFound as i32 => {
+                Err(Failure::new(format!(
+                    "provider `{}`: {}",
+                    namespace(&target.resource_type),
+                    e.message
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -404,9 +406,9 @@ impl PluginProvisioner {
             annotations_b: Some(stored_pb(&call.annotations_b)),
             link_data: Some(stored_pb(&recorded)),
             update_type: match call.update {
-                LinkUpdate::Create => pb::LinkUpdateType::LinkCreate,
-                LinkUpdate::Update => pb::LinkUpdateType::LinkUpdate,
-                LinkUpdate::Destroy => pb::LinkUpdateType::LinkDestroy,
+                LinkUpdate::Create => pb::LinkUpdateType::Create,
+                LinkUpdate::Update => pb::LinkUpdateType::Update,
+                LinkUpdate::Destroy => pb::LinkUpdateType::Destroy,
             } as i32,
         };
         let label = |phase: &str, e: &pb::Error| {

@@ -105,6 +105,7 @@ async fn bare_sim(sim: &Path, root: &Path) -> Bare {
             protocol_versions: vec![1],
             host_address: String::new(),
             host_token: String::new(),
+            ..Default::default()
         })
         .await
         .expect("handshake");

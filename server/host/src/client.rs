@@ -32,7 +32,6 @@ use super::supervisor::{Instance, Slot};
 
 use super::values;
 
-
 /// How long a stream's end (its trailers) is waited for once its result has arrived.
 const STREAM_END_GRACE: Duration = Duration::from_secs(2);
 /// Per-call settings.
@@ -380,7 +379,7 @@ impl Caller {
             let Some(err) = resp.app_error() else {
                 return Ok(resp);
             };
-            if err.class == pb::ErrorClass::Transient as i32 {
+            if err.error_class == pb::ErrorClass::Transient as i32 {
                 if retry.is_none() {
                     retry = Some(match self.slot.manifest(deadline).await {
                         Ok(m) => Retry::from_manifest(&m, config.max_retry_attempts),

@@ -40,7 +40,7 @@ pub struct AppError {
 
 impl AppError {
     pub fn class(&self) -> pb::ErrorClass {
-        pb::ErrorClass::try_from(self.error.class).unwrap_or(pb::ErrorClass::Unspecified)
+        pb::ErrorClass::try_from(self.error.error_class).unwrap_or(pb::ErrorClass::Unspecified)
     }
 }
 
@@ -281,7 +281,7 @@ impl fmt::Display for PluginError {
                     "plugin `{}`: {} failed with {}: {}",
                     e.plugin,
                     e.call,
-                    class_name(e.error.class),
+                    class_name(e.error.error_class),
                     e.error.message
                 )?;
                 if e.attempts > 1 {

@@ -373,7 +373,7 @@ fn caller<T>(req: &Request<T>) -> Result<Arc<Caller>, Status> {
 
 fn app_error(class: pb::ErrorClass, message: String) -> pb::Error {
     pb::Error {
-        class: class as i32,
+        error_class: class as i32,
         message,
         ..Default::default()
     }

@@ -736,6 +736,15 @@ async fn launch(slot: &Arc<Slot>) -> Result<Arc<Instance>, PluginError> {
             protocol_versions: PROTOCOL_VERSIONS.to_vec(),
             host_address,
             host_token: token,
+            // What this engine does of the optional parts (docs/plugin-protocol.md).
+            engine_capabilities: Some(pb::EngineCapabilities {
+                plan_resource: true,
+                apply_progress: true,
+                lookup_resource: true,
+                host_locks: true,
+                host_functions: true,
+                cancel: true,
+            }),
         },
     );
     let result = match tokio::time::timeout(shared.config.launch_timeout, handshake).await {

@@ -80,7 +80,7 @@ EXIT_TIMEOUT = 60
 
 
 def error_class(err):
-    return getattr(err, "class")  # `class` is a Python keyword
+    return err.error_class  # `class` is a Python keyword
 
 
 # ---------------------------------------------------------------- a provider for the SDK tests
@@ -262,10 +262,10 @@ def test_apply_stream_context_and_defaults():
 def test_errors_become_responses():
     with Harness(T()) as h:
         cases = {
-            "bad": (types_pb2.BAD_INPUT, ["nested", "depth"]),
-            "partial": (types_pb2.TRANSIENT, []),
-            "crash": (types_pb2.INTERNAL, []),
-            "oserror": (types_pb2.NOT_FOUND, []),
+            "bad": (types_pb2.ERROR_CLASS_BAD_INPUT, ["nested", "depth"]),
+            "partial": (types_pb2.ERROR_CLASS_TRANSIENT, []),
+            "crash": (types_pb2.ERROR_CLASS_INTERNAL, []),
+            "oserror": (types_pb2.ERROR_CLASS_NOT_FOUND, []),
         }
         for mode, (cls, path) in cases.items():
             _, r = h.apply("t/probe", "r", spec_of(mode=mode))
@@ -278,18 +278,18 @@ def test_errors_become_responses():
         assert from_value(r.error.partial_state, keep_sensitive=True) == {"token": Sensitive("t0")}
         # The SDK's own checks: a required field, an unknown type.
         _, r = h.apply("t/probe", "r", {"nested": {}})
-        assert error_class(r.error) == types_pb2.BAD_INPUT and from_path(r.error.path) == ["name"]
+        assert error_class(r.error) == types_pb2.ERROR_CLASS_BAD_INPUT and from_path(r.error.path) == ["name"]
         _, r = h.apply("t/nope", "r", spec_of())
-        assert error_class(r.error) == types_pb2.BAD_INPUT
+        assert error_class(r.error) == types_pb2.ERROR_CLASS_BAD_INPUT
         # Destroy: an error class; validate: a diagnostic, not a failed call.
         current = h.state("t/probe", "r", spec_of(mode="deny"), r)
-        assert error_class(h.destroy(current).error) == types_pb2.PERMISSION
+        assert error_class(h.destroy(current).error) == types_pb2.ERROR_CLASS_PERMISSION
         (d,) = h.validate("t/probe", spec_of(mode="raise"))
-        assert (d.severity, d.code, from_path(d.path)) == (types_pb2.ERROR, "plugin.conflict", ["mode"])
+        assert (d.severity, d.code, from_path(d.path)) == (types_pb2.SEVERITY_ERROR, "plugin.conflict", ["mode"])
         (d,) = h.validate("t/probe", spec_of(mode="crash"))
         assert d.code == "plugin.internal" and "s3cret" not in d.message
         (d,) = h.validate("t/probe", spec_of(name=UNKNOWN))
-        assert d.severity == types_pb2.INFO and d.code == "t.later"
+        assert d.severity == types_pb2.SEVERITY_INFO and d.code == "t.later"
         # Still serving after all that.
         _, r = h.apply("t/probe", "r", spec_of())
         assert not r.HasField("error")
@@ -307,7 +307,7 @@ def test_cancel_reaches_the_context():
             assert time.monotonic() < deadline, "the call never started"
             time.sleep(0.05)
         _, r = out.get(timeout=RPC_TIMEOUT)
-        assert error_class(r.error) == types_pb2.TRANSIENT and "cancelled" in r.error.message
+        assert error_class(r.error) == types_pb2.ERROR_CLASS_TRANSIENT and "cancelled" in r.error.message
         assert not h.cancel("c-9"), "no longer in flight"
 
 
@@ -322,13 +322,13 @@ def test_functions():
         assert from_value(call("rep", "ab", None).result) == "ab", "or null"
         assert from_value(call("total", 1, 2, 3).result) == 6, "variadic"
         r = call("rep", 5)
-        assert error_class(r.error) == types_pb2.BAD_INPUT and from_path(r.error.path) == [0]
+        assert error_class(r.error) == types_pb2.ERROR_CLASS_BAD_INPUT and from_path(r.error.path) == [0]
         r = call("rep", "a", "b")
-        assert error_class(r.error) == types_pb2.BAD_INPUT and from_path(r.error.path) == [1]
+        assert error_class(r.error) == types_pb2.ERROR_CLASS_BAD_INPUT and from_path(r.error.path) == [1]
         r = call("rep", "a", 1, 2)
-        assert error_class(r.error) == types_pb2.BAD_INPUT and from_path(r.error.path) == [2]
-        assert error_class(call("rep").error) == types_pb2.BAD_INPUT
-        assert error_class(call("nope").error) == types_pb2.NOT_FOUND
+        assert error_class(r.error) == types_pb2.ERROR_CLASS_BAD_INPUT and from_path(r.error.path) == [2]
+        assert error_class(call("rep").error) == types_pb2.ERROR_CLASS_BAD_INPUT
+        assert error_class(call("nope").error) == types_pb2.ERROR_CLASS_NOT_FOUND
         r = call("rep", UNKNOWN, 2)
         assert r.result.WhichOneof("kind") == "unknown", "unknown in, unknown out"
         r = call("rep", Sensitive("pw"), 2)
@@ -389,7 +389,7 @@ def test_host_client():
             # A wrong token: the Host's refusal is the function's error, not a crash.
             h.handshake(host_address="unix:" + os.path.join(d, "host.sock"), host_token="nope")
             r = h.call_function("via_host", "web")
-            assert error_class(r.error) == types_pb2.INTERNAL and "UNAUTHENTICATED" in r.error.message
+            assert error_class(r.error) == types_pb2.ERROR_CLASS_INTERNAL and "UNAUTHENTICATED" in r.error.message
     finally:
         server.stop(0)
         shutil.rmtree(d, ignore_errors=True)
@@ -418,12 +418,12 @@ def test_kv_in_process():
             assert not h.destroy(current).HasField("error"), "destroying twice is fine"
             assert not h.read(current).exists
             _, r = h.apply("kv/entry", "b", {"key": "../x", "value": "v"})
-            assert error_class(r.error) == types_pb2.BAD_INPUT and from_path(r.error.path) == ["key"]
+            assert error_class(r.error) == types_pb2.ERROR_CLASS_BAD_INPUT and from_path(r.error.path) == ["key"]
             (diag,) = h.validate("kv/entry", {"key": "../x", "value": "v"})
             assert diag.code == "kv.bad-key" and from_path(diag.path) == ["key"]
             assert h.validate("kv/entry", {"key": UNKNOWN, "value": "v"}) == []
             _, r = h.apply("kv/entry", "c", {"key": "k", "value": "v"}, config={"dir": "rel"})
-            assert error_class(r.error) == types_pb2.BAD_INPUT and "dir" in r.error.message
+            assert error_class(r.error) == types_pb2.ERROR_CLASS_BAD_INPUT and "dir" in r.error.message
             (diag,) = list(h.provider.ValidateConfig(
                 plugin_pb2.ValidateConfigRequest(context=h.call_context(config={"dir": "rel"})),
                 timeout=RPC_TIMEOUT).diagnostics)
@@ -574,7 +574,7 @@ def test_launch_handshake_health_logs_and_stdin_eof():
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
         hs = p.handshake()
-        assert hs.plugin.kind == plugin_pb2.PROVIDER and hs.plugin.name == "kv"
+        assert hs.plugin.kind == plugin_pb2.PLUGIN_KIND_PROVIDER and hs.plugin.name == "kv"
         health = health_pb2_grpc.HealthStub(p.channel)
         for service in ("", "trellis.plugin.v1.Provider"):
             r = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=RPC_TIMEOUT)
@@ -625,7 +625,7 @@ def test_sigterm_cancels_a_call_that_outlasts_the_grace():
         started = time.monotonic()
         p.proc.send_signal(signal.SIGTERM)
         (last,) = list(stream)  # answered: cancelled before the grace ran out
-        assert error_class(last.result.error) == types_pb2.TRANSIENT, last
+        assert error_class(last.result.error) == types_pb2.ERROR_CLASS_TRANSIENT, last
         assert p.wait_exit() == 0
         assert time.monotonic() - started < 30, "the grace is 4 s"
 

@@ -216,7 +216,7 @@ def test_engine_flow_then_stdin_eof():
             assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
         hs = p.handshake()
         assert hs.protocol_version == 1
-        assert hs.plugin.kind == plugin_pb2.PROVIDER
+        assert hs.plugin.kind == plugin_pb2.PLUGIN_KIND_PROVIDER
         assert hs.plugin.name == "pyecho"
         assert hs.capabilities.read_resource and hs.capabilities.functions
         assert not hs.capabilities.links and not hs.capabilities.plan_resource
@@ -234,21 +234,21 @@ def test_engine_flow_then_stdin_eof():
         assert m.plugin == hs.plugin
         (rt,) = m.resource_types
         assert rt.type == "pyecho/message"
-        assert rt.spec_schema.type == plugin_pb2.OBJECT
+        assert rt.spec_schema.type == plugin_pb2.SCHEMA_TYPE_OBJECT
         fields = {f.name: f for f in rt.spec_schema.fields}
         assert list(fields) == [
             "text", "repeat", "rendered", "id", "lookup", "lookupInstance", "lookedUp"
         ]
-        assert fields["text"].required and fields["text"].schema.type == plugin_pb2.STRING
-        assert fields["repeat"].schema.type == plugin_pb2.INTEGER
+        assert fields["text"].required and fields["text"].schema.type == plugin_pb2.SCHEMA_TYPE_STRING
+        assert fields["repeat"].schema.type == plugin_pb2.SCHEMA_TYPE_INTEGER
         assert from_value(fields["repeat"].schema.default) == 1
         assert fields["rendered"].computed and fields["id"].computed
-        assert [f.name for f in m.functions] == ["upper", "host_upper"]
+        assert [f.name for f in m.functions] == ["upper", "host_upper", "engine_capabilities"]
         for fn in m.functions:
-            assert fn.returns == plugin_pb2.STRING
-            assert [(a.name, a.type) for a in fn.params] == [("s", plugin_pb2.STRING)]
+            assert fn.returns == plugin_pb2.SCHEMA_TYPE_STRING
+            assert [(a.name, a.type) for a in fn.params] == [("s", plugin_pb2.SCHEMA_TYPE_STRING)]
         assert m.retry_policy.max_attempts >= 1
-        assert [f.name for f in m.config_schema.fields] == ["stateDir", "applyDelayMs"]
+        assert [f.name for f in m.config_schema.fields] == ["stateDir", "applyDelayMs", "driftOnRead"]
 
         prov = p.provider()
 
@@ -268,7 +268,7 @@ def test_engine_flow_then_stdin_eof():
             timeout=RPC_TIMEOUT,
         )
         (d,) = v.diagnostics
-        assert d.severity == types_pb2.ERROR and d.code == "pyecho.repeat-range"
+        assert d.severity == types_pb2.SEVERITY_ERROR and d.code == "pyecho.repeat-range"
         assert path_to_list(d.path) == ["repeat"]
         v = prov.ValidateResource(
             plugin_pb2.ValidateResourceRequest(
@@ -307,7 +307,7 @@ def test_engine_flow_then_stdin_eof():
 
         # Application errors travel in the response, with a class and a path.
         bad = apply(prov, to_value({"repeat": 2}), config, name="bad")[-1].result
-        assert error_class(bad.error) == types_pb2.BAD_INPUT
+        assert error_class(bad.error) == types_pb2.ERROR_CLASS_BAD_INPUT
         assert path_to_list(bad.error.path) == ["text"]
 
         # ReadResource: exists, then drift, then gone.
@@ -352,7 +352,7 @@ def test_engine_flow_then_stdin_eof():
             plugin_pb2.CallFunctionRequest(context=ctx(), name="upper", args=[to_value(5)]),
             timeout=RPC_TIMEOUT,
         )
-        assert error_class(fr.error) == types_pb2.BAD_INPUT
+        assert error_class(fr.error) == types_pb2.ERROR_CLASS_BAD_INPUT
         assert path_to_list(fr.error.path) == [0]
         fr = prov.CallFunction(
             plugin_pb2.CallFunctionRequest(context=ctx(), name="upper", args=[to_value(UNKNOWN)]),
@@ -429,7 +429,7 @@ def test_sdk_plugin_answers_a_stock_channel():
     with Plugin(launcher=sim) as p:
         p.connect()
         hs = p.handshake()
-        assert hs.plugin.kind == plugin_pb2.PROVIDER and hs.plugin.name == "sim"
+        assert hs.plugin.kind == plugin_pb2.PLUGIN_KIND_PROVIDER and hs.plugin.name == "sim"
         health = health_pb2_grpc.HealthStub(p.channel)
         resp = health.Check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT)
         assert resp.status == health_pb2.HealthCheckResponse.SERVING

@@ -141,7 +141,7 @@ def path_to_list(p):
 def make_error(cls, message, path=None, partial_state=None):
     """An application Error. Its class field is named `class`, a Python keyword,
     so it can only be set through keyword-argument unpacking or setattr."""
-    err = types_pb2.Error(**{"class": cls}, message=message)
+    err = types_pb2.Error(error_class=cls, message=message)
     if path is not None:
         err.path.CopyFrom(path)
     if partial_state is not None:
@@ -151,4 +151,4 @@ def make_error(cls, message, path=None, partial_state=None):
 
 def error_class(err):
     """Error.class (a Python keyword, hence getattr)."""
-    return getattr(err, "class")
+    return err.error_class

@@ -92,30 +92,30 @@ def _schema(type_, description="", **kw):
 def build_manifest():
     """Everything static. Built from constants only, so it is the same for every
     run of the same code: the engine caches it by the plugin binary's hash."""
-    info = plugin_pb2.PluginInfo(kind=plugin_pb2.PROVIDER, name=NAMESPACE, version=VERSION)
+    info = plugin_pb2.PluginInfo(kind=plugin_pb2.PLUGIN_KIND_PROVIDER, name=NAMESPACE, version=VERSION)
     spec = _schema(
-        plugin_pb2.OBJECT,
+        plugin_pb2.SCHEMA_TYPE_OBJECT,
         "A message rendered by repeating its text.",
         fields=[
-            _field("text", _schema(plugin_pb2.STRING, "The text to repeat."), required=True),
+            _field("text", _schema(plugin_pb2.SCHEMA_TYPE_STRING, "The text to repeat."), required=True),
             _field(
                 "repeat",
                 _schema(
-                    plugin_pb2.INTEGER,
+                    plugin_pb2.SCHEMA_TYPE_INTEGER,
                     f"How many times to repeat the text (0..{MAX_REPEAT}).",
                     default=to_value(1),
                 ),
             ),
             _field(
                 "rendered",
-                _schema(plugin_pb2.STRING, "The text repeated `repeat` times."),
+                _schema(plugin_pb2.SCHEMA_TYPE_STRING, "The text repeated `repeat` times."),
                 computed=True,
             ),
-            _field("id", _schema(plugin_pb2.STRING, "The message's id."), computed=True),
+            _field("id", _schema(plugin_pb2.SCHEMA_TYPE_STRING, "The message's id."), computed=True),
             _field(
                 "lookup",
                 _schema(
-                    plugin_pb2.STRING,
+                    plugin_pb2.SCHEMA_TYPE_STRING,
                     "Another resource of the instance whose external id becomes `lookedUp`, "
                     "read through the engine's Host service.",
                 ),
@@ -123,39 +123,39 @@ def build_manifest():
             _field(
                 "lookupInstance",
                 _schema(
-                    plugin_pb2.STRING,
+                    plugin_pb2.SCHEMA_TYPE_STRING,
                     "Test knob: the instance id to ask about instead of the call's own.",
                 ),
             ),
             _field(
                 "lookedUp",
-                _schema(plugin_pb2.STRING, "The external id of `lookup` (\"\" if none)."),
+                _schema(plugin_pb2.SCHEMA_TYPE_STRING, "The external id of `lookup` (\"\" if none)."),
                 computed=True,
             ),
         ],
     )
     config = _schema(
-        plugin_pb2.OBJECT,
+        plugin_pb2.SCHEMA_TYPE_OBJECT,
         "pyecho provider configuration.",
         fields=[
             _field(
                 "stateDir",
                 _schema(
-                    plugin_pb2.STRING,
+                    plugin_pb2.SCHEMA_TYPE_STRING,
                     "Absolute directory where messages are also written as files (optional).",
                 ),
             ),
             _field(
                 "applyDelayMs",
                 _schema(
-                    plugin_pb2.INTEGER,
+                    plugin_pb2.SCHEMA_TYPE_INTEGER,
                     "Test knob: milliseconds ApplyResource waits after its progress event.",
                 ),
             ),
             _field(
                 "driftOnRead",
                 _schema(
-                    plugin_pb2.BOOLEAN,
+                    plugin_pb2.SCHEMA_TYPE_BOOLEAN,
                     "Test knob: ReadResource reports `text` with a `!` added (phantom drift, "
                     "for `trellis plugins check`).",
                 ),
@@ -173,14 +173,20 @@ def build_manifest():
             plugin_pb2.FunctionDef(
                 name="upper",
                 description="The string in upper case.",
-                params=[plugin_pb2.FunctionParam(name="s", type=plugin_pb2.STRING)],
-                returns=plugin_pb2.STRING,
+                params=[plugin_pb2.FunctionParam(name="s", type=plugin_pb2.SCHEMA_TYPE_STRING)],
+                returns=plugin_pb2.SCHEMA_TYPE_STRING,
             ),
             plugin_pb2.FunctionDef(
                 name="host_upper",
                 description="The string in upper case, from the engine's Host service.",
-                params=[plugin_pb2.FunctionParam(name="s", type=plugin_pb2.STRING)],
-                returns=plugin_pb2.STRING,
+                params=[plugin_pb2.FunctionParam(name="s", type=plugin_pb2.SCHEMA_TYPE_STRING)],
+                returns=plugin_pb2.SCHEMA_TYPE_STRING,
+            ),
+            plugin_pb2.FunctionDef(
+                name="engine_capabilities",
+                description="The engine's capabilities from the handshake, joined by `s`.",
+                params=[plugin_pb2.FunctionParam(name="s", type=plugin_pb2.SCHEMA_TYPE_STRING)],
+                returns=plugin_pb2.SCHEMA_TYPE_STRING,
             ),
         ],
         retry_policy=plugin_pb2.RetryPolicy(
@@ -295,7 +301,7 @@ def internal_errors(response_type):
             except Exception as e:  # noqa: BLE001
                 log.exception("%s failed", method.__name__)
                 return response_type(
-                    error=make_error(types_pb2.INTERNAL, f"{type(e).__name__} in {method.__name__}")
+                    error=make_error(types_pb2.ERROR_CLASS_INTERNAL, f"{type(e).__name__} in {method.__name__}")
                 )
 
         return unary
@@ -317,6 +323,7 @@ class HostLink:
     def __init__(self):
         self.address = ""
         self.token = ""
+        self.engine = plugin_pb2.EngineCapabilities()
 
 
 class PluginService(plugin_pb2_grpc.PluginServicer):
@@ -336,6 +343,7 @@ class PluginService(plugin_pb2_grpc.PluginServicer):
             )
         self._host.address = request.host_address
         self._host.token = request.host_token
+        self._host.engine = request.engine_capabilities
         log.info("handshake ok (host service at %s)", request.host_address or "-")
         return plugin_pb2.HandshakeResponse(
             protocol_version=PROTOCOL_VERSION, plugin=MANIFEST.plugin, capabilities=CAPABILITIES
@@ -358,7 +366,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
             state_dir(request.context)
             apply_delay_ms(request.context)
         except BadInput as e:
-            diags.append(_diag(types_pb2.ERROR, "pyecho.bad-config", str(e), e.path))
+            diags.append(_diag(types_pb2.SEVERITY_ERROR, "pyecho.bad-config", str(e), e.path))
         return plugin_pb2.ValidateResponse(diagnostics=diags)
 
     def ValidateResource(self, request, context):
@@ -367,7 +375,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
         diags = []
         if request.resource_type != RESOURCE_TYPE:
             diags.append(
-                _diag(types_pb2.ERROR, "pyecho.unknown-type", f"unknown type {request.resource_type}")
+                _diag(types_pb2.SEVERITY_ERROR, "pyecho.unknown-type", f"unknown type {request.resource_type}")
             )
             return plugin_pb2.ValidateResponse(diagnostics=diags)
         repeat = from_value(map_get(request.spec, "repeat"))
@@ -375,7 +383,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
             if not 0 <= repeat <= MAX_REPEAT:
                 diags.append(
                     _diag(
-                        types_pb2.ERROR,
+                        types_pb2.SEVERITY_ERROR,
                         "pyecho.repeat-range",
                         f"repeat is {repeat}, but must be between 0 and {MAX_REPEAT}",
                         attr_path("repeat"),
@@ -384,7 +392,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
                 )
         if from_value(map_get(request.spec, "text")) == "":
             diags.append(
-                _diag(types_pb2.WARNING, "pyecho.empty-text", "text is empty", attr_path("text"))
+                _diag(types_pb2.SEVERITY_WARNING, "pyecho.empty-text", "text is empty", attr_path("text"))
             )
         return plugin_pb2.ValidateResponse(diagnostics=diags)
 
@@ -394,7 +402,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
         except Exception as e:  # noqa: BLE001
             log.exception("ApplyResource failed")
             yield _result(
-                error=make_error(types_pb2.INTERNAL, f"{type(e).__name__} in ApplyResource")
+                error=make_error(types_pb2.ERROR_CLASS_INTERNAL, f"{type(e).__name__} in ApplyResource")
             )
 
     def _apply(self, request, context):
@@ -414,7 +422,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
             directory = state_dir(ctx)
             delay_ms = apply_delay_ms(ctx)
         except BadInput as e:
-            yield _result(error=make_error(types_pb2.BAD_INPUT, str(e), e.path))
+            yield _result(error=make_error(types_pb2.ERROR_CLASS_BAD_INPUT, str(e), e.path))
             return
         ext_id = (
             request.current.external_id
@@ -439,14 +447,14 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
             log.info("%s: cancelled", call_label(ctx))
             return
         if ctx.deadline_unix_ms and time.time() * 1000 > ctx.deadline_unix_ms:
-            yield _result(error=make_error(types_pb2.TRANSIENT, "deadline passed before writing"))
+            yield _result(error=make_error(types_pb2.ERROR_CLASS_TRANSIENT, "deadline passed before writing"))
             return
         if directory is not None:
             try:
                 write_message(directory, ext_id, text, repeat)
             except OSError as e:
                 yield _result(
-                    error=make_error(types_pb2.INTERNAL, f"cannot write message: {e.strerror}")
+                    error=make_error(types_pb2.ERROR_CLASS_INTERNAL, f"cannot write message: {e.strerror}")
                 )
                 return
         yield _result(external_id=ext_id, state=state_value(ext_id, text, repeat, looked_up))
@@ -454,7 +462,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
     def _lookup(self, instance_id, name):
         """(external id or "", None), or (None, Error): Host.LookupResource on a stock channel."""
         if not self._host.address:
-            return None, make_error(types_pb2.INTERNAL, "no Host service address")
+            return None, make_error(types_pb2.ERROR_CLASS_INTERNAL, "no Host service address")
         with grpc.insecure_channel(self._host.address) as channel:
             try:
                 resp = plugin_pb2_grpc.HostStub(channel).LookupResource(
@@ -464,7 +472,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
                 )
             except grpc.RpcError as e:
                 return None, make_error(
-                    types_pb2.INTERNAL, f"Host.LookupResource: {e.code().name}: {e.details()}"
+                    types_pb2.ERROR_CLASS_INTERNAL, f"Host.LookupResource: {e.code().name}: {e.details()}"
                 )
         return (resp.resource.external_id if resp.found else ""), None
 
@@ -476,7 +484,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
             directory = state_dir(ctx)
         except BadInput as e:
             return plugin_pb2.DestroyResourceResponse(
-                error=make_error(types_pb2.BAD_INPUT, str(e), e.path)
+                error=make_error(types_pb2.ERROR_CLASS_BAD_INPUT, str(e), e.path)
             )
         if directory is not None and request.current.external_id:
             try:
@@ -485,7 +493,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
                 pass  # already gone: destroying twice is not an error
             except OSError as e:
                 return plugin_pb2.DestroyResourceResponse(
-                    error=make_error(types_pb2.INTERNAL, f"cannot remove message: {e.strerror}")
+                    error=make_error(types_pb2.ERROR_CLASS_INTERNAL, f"cannot remove message: {e.strerror}")
                 )
         return plugin_pb2.DestroyResourceResponse()
 
@@ -534,23 +542,23 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
             )
         except BadInput as e:
             return plugin_pb2.ReadResourceResponse(
-                error=make_error(types_pb2.BAD_INPUT, str(e), e.path)
+                error=make_error(types_pb2.ERROR_CLASS_BAD_INPUT, str(e), e.path)
             )
         except (OSError, ValueError) as e:
             return plugin_pb2.ReadResourceResponse(
-                error=make_error(types_pb2.INTERNAL, f"cannot read message: {e}")
+                error=make_error(types_pb2.ERROR_CLASS_INTERNAL, f"cannot read message: {e}")
             )
 
     @internal_errors(plugin_pb2.CallFunctionResponse)
     def CallFunction(self, request, context):
-        if request.name not in ("upper", "host_upper"):
+        if request.name not in ("upper", "host_upper", "engine_capabilities"):
             return plugin_pb2.CallFunctionResponse(
-                error=make_error(types_pb2.NOT_FOUND, f"pyecho has no function {request.name}")
+                error=make_error(types_pb2.ERROR_CLASS_NOT_FOUND, f"pyecho has no function {request.name}")
             )
         if len(request.args) != 1:
             return plugin_pb2.CallFunctionResponse(
                 error=make_error(
-                    types_pb2.BAD_INPUT, f"{request.name} takes 1 argument, got {len(request.args)}"
+                    types_pb2.ERROR_CLASS_BAD_INPUT, f"{request.name} takes 1 argument, got {len(request.args)}"
                 )
             )
         arg = request.args[0]
@@ -562,11 +570,14 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
         if kind != "string":
             return plugin_pb2.CallFunctionResponse(
                 error=make_error(
-                    types_pb2.BAD_INPUT, f"{request.name} expects a string, got {kind}", attr_path(0)
+                    types_pb2.ERROR_CLASS_BAD_INPUT, f"{request.name} expects a string, got {kind}", attr_path(0)
                 )
             )
         if request.name == "host_upper":
             return self._host_upper(arg)
+        if request.name == "engine_capabilities":
+            flags = [f.name for f, on in self._host.engine.ListFields() if on]
+            return plugin_pb2.CallFunctionResponse(result=to_value(arg.string.join(flags)))
         return plugin_pb2.CallFunctionResponse(
             result=to_value(arg.string.upper(), sensitive=arg.sensitive)
         )
@@ -574,7 +585,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
     def _host_upper(self, arg):
         if not self._host.address:
             return plugin_pb2.CallFunctionResponse(
-                error=make_error(types_pb2.INTERNAL, "no Host service address")
+                error=make_error(types_pb2.ERROR_CLASS_INTERNAL, "no Host service address")
             )
         # A stock channel on purpose: the engine must accept the `:authority` grpcio
         # sends on a Unix socket (docs/plugin-protocol.md, "The Host service").
@@ -588,7 +599,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
             except grpc.RpcError as e:
                 return plugin_pb2.CallFunctionResponse(
                     error=make_error(
-                        types_pb2.INTERNAL, f"Host.CallFunction: {e.code().name}: {e.details()}"
+                        types_pb2.ERROR_CLASS_INTERNAL, f"Host.CallFunction: {e.code().name}: {e.details()}"
                     )
                 )
         return resp

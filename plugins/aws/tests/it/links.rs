@@ -100,7 +100,7 @@ async fn a_function_linked_to_a_table_gets_a_policy_and_a_variable_and_loses_the
         .expect("role name")
         .to_owned();
     let annotations = Value::map().with("aws.lambda.function.populateEnvVars", true);
-    let l = link(&f, &table, annotations.clone(), LinkUpdateType::LinkCreate);
+    let l = link(&f, &table, annotations.clone(), LinkUpdateType::Create);
     let staged = h.stage_link(&l).await.expect("staged");
     assert_eq!(
         staged
@@ -141,7 +141,7 @@ async fn a_function_linked_to_a_table_gets_a_policy_and_a_variable_and_loses_the
     assert_eq!(vars["OWN"], "1", "{vars}");
 
     // Going away undoes both.
-    let mut gone = link(&f, &table, annotations, LinkUpdateType::LinkDestroy);
+    let mut gone = link(&f, &table, annotations, LinkUpdateType::Destroy);
     gone.link_data = data;
     h.update_link_resource_a(&gone).await.expect("unlinked");
     assert!(
@@ -183,7 +183,7 @@ async fn a_queue_triggers_its_function_and_a_topic_feeds_its_queue() {
         .expect("topic created");
 
     // Queue -> function: one event source mapping, receive rights on the function's role.
-    let l = link(&queue, &f, Value::map(), LinkUpdateType::LinkCreate);
+    let l = link(&queue, &f, Value::map(), LinkUpdateType::Create);
     let up = h.update_link_intermediaries(&l).await.expect("mapped");
     let mappings = boto(
         m,
@@ -205,7 +205,7 @@ async fn a_queue_triggers_its_function_and_a_topic_feeds_its_queue() {
     .expect("mappings")["EventSourceMappings"]
         .clone();
     assert_eq!(again.as_array().map(Vec::len), Some(1), "{again}");
-    let mut gone = link(&queue, &f, Value::map(), LinkUpdateType::LinkDestroy);
+    let mut gone = link(&queue, &f, Value::map(), LinkUpdateType::Destroy);
     gone.link_data = up.link_data;
     h.update_link_intermediaries(&gone).await.expect("unmapped");
     let after = boto(
@@ -219,7 +219,7 @@ async fn a_queue_triggers_its_function_and_a_topic_feeds_its_queue() {
     assert_eq!(after.as_array().map(Vec::len), Some(0), "{after}");
 
     // Topic -> queue: a subscription, and the queue's policy lets this topic send.
-    let l = link(&topic, &queue, Value::map(), LinkUpdateType::LinkCreate);
+    let l = link(&topic, &queue, Value::map(), LinkUpdateType::Create);
     h.update_link_intermediaries(&l).await.expect("subscribed");
     let subs = boto(
         m,
@@ -242,7 +242,7 @@ async fn a_queue_triggers_its_function_and_a_topic_feeds_its_queue() {
         policy.contains(text(&topic, "arn")) && policy.contains("sqs:SendMessage"),
         "{policy}"
     );
-    let gone = link(&topic, &queue, Value::map(), LinkUpdateType::LinkDestroy);
+    let gone = link(&topic, &queue, Value::map(), LinkUpdateType::Destroy);
     h.update_link_intermediaries(&gone)
         .await
         .expect("unsubscribed");

@@ -403,7 +403,7 @@ async fn the_host_service_requires_a_valid_token() {
         .expect("call")
         .into_inner();
     assert_eq!(
-        r.error.map(|e| e.class),
+        r.error.map(|e| e.error_class),
         Some(pb::ErrorClass::NotFound as i32)
     );
 

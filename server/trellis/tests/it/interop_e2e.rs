@@ -256,3 +256,30 @@ fn plugins_check_passes_pyecho_and_catches_phantom_drift() {
         "{v}"
     );
 }
+
+/// The handshake tells a plugin what the engine does of the optional parts of the protocol
+/// (`EngineCapabilities`): pyecho's `engine_capabilities` function returns what it received.
+#[test]
+fn the_handshake_carries_the_engines_capabilities() {
+    if !python_grpc_available() {
+        eprintln!(
+            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
+        );
+        return;
+    }
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/python");
+    let dir = TempDir::new("py-caps");
+    let out = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .args(["plugins", "call", "--no-bundled-plugins", "--plugin-dir"])
+        .arg(python.join("bin"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["pyecho", "engine_capabilities", "[\",\"]"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "\"plan_resource,apply_progress,lookup_resource,host_locks,host_functions,cancel\""
+    );
+}
