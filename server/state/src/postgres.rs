@@ -270,8 +270,10 @@ impl PostgresStore {
     async fn write_now<T: Send + 'static>(&self, f: WriteFn<T>) -> Result<T> {
         let started = std::time::Instant::now();
         let mut conn = self.inner.pool.get().await?;
+        let statements = conn.statements();
         let tx = conn.client().transaction().await?;
         let mut w = W {
+            statements: &statements,
             tx: &tx,
             now: self.inner.options.clock.now(),
             appended: Vec::new(),
@@ -299,11 +301,11 @@ impl PostgresStore {
                     .encode()
                 })
                 .collect();
-            tx.execute(
-                "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p",
-                &[&self.inner.channel, &payloads],
-            )
-            .await?;
+            let notify = w
+                .stmt("SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p")
+                .await?;
+            tx.execute(&notify, &[&self.inner.channel, &payloads])
+                .await?;
         }
         tx.commit().await?;
         crate::metrics::commit_took(started.elapsed());
@@ -368,19 +370,37 @@ struct W<'t> {
     appended: Vec<(String, u64, usize)>,
     /// The store's notification channel.
     channel: &'t str,
+    /// The connection's prepared statements.
+    statements: &'t pool::Statements,
 }
 
 impl W<'_> {
+    /// `sql` prepared on this connection, once.
+    async fn stmt(&self, sql: &str) -> Result<tokio_postgres::Statement> {
+        let cached = self
+            .statements
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(sql)
+            .cloned();
+        if let Some(statement) = cached {
+            return Ok(statement);
+        }
+        let statement = self.tx.prepare(sql).await?;
+        self.statements
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+
     fn now_ms(&self) -> i64 {
         self.now.as_millis()
     }
 
     /// Locks the instance and rejects a lease that is not its current one.
     async fn fence(&self, lease: &Lease) -> Result<Instance> {
-        let row = self
-            .tx
-            .query_opt(
-                "SELECT lease_token, lease_epoch FROM instances WHERE id = $1 FOR NO KEY UPDATE",
+        let row = self.tx.query_opt(&self.stmt("SELECT lease_token, lease_epoch FROM instances WHERE id = $1 FOR NO KEY UPDATE").await?,
                 &[&lease.instance_id],
             )
             .await?;
@@ -410,7 +430,9 @@ impl W<'_> {
         let row = self
             .tx
             .query_opt(
-                "SELECT last_seq FROM instances WHERE id = $1 FOR NO KEY UPDATE",
+                &self
+                    .stmt("SELECT last_seq FROM instances WHERE id = $1 FOR NO KEY UPDATE")
+                    .await?,
                 &[&instance_id],
             )
             .await?
@@ -420,8 +442,7 @@ impl W<'_> {
             return Ok((last + 1, last));
         }
         let insert = self
-            .tx
-            .prepare(
+            .stmt(
                 "INSERT INTO events (instance_id, seq, kind, payload, at) \
                  VALUES ($1, $2, $3, $4, $5)",
             )
@@ -439,7 +460,9 @@ impl W<'_> {
         let new_last = last + events.len() as u64;
         self.tx
             .execute(
-                "UPDATE instances SET last_seq = $2 WHERE id = $1",
+                &self
+                    .stmt("UPDATE instances SET last_seq = $2 WHERE id = $1")
+                    .await?,
                 &[&instance_id, &to_i64(new_last)],
             )
             .await?;
@@ -452,8 +475,12 @@ impl W<'_> {
         let row = self
             .tx
             .query_one(
-                "UPDATE instances SET version = version + 1, updated_at = $2 WHERE id = $1 \
+                &self
+                    .stmt(
+                        "UPDATE instances SET version = version + 1, updated_at = $2 WHERE id = $1 \
                  RETURNING version",
+                    )
+                    .await?,
                 &[&instance_id, &self.now_ms()],
             )
             .await?;
@@ -468,7 +495,9 @@ impl W<'_> {
         let row = self
             .tx
             .query_opt(
-                "SELECT status FROM resources WHERE instance_id = $1 AND name = $2",
+                &self
+                    .stmt("SELECT status FROM resources WHERE instance_id = $1 AND name = $2")
+                    .await?,
                 &[&instance_id, &name],
             )
             .await?;
@@ -485,8 +514,12 @@ impl W<'_> {
     async fn clear_lease(&self, instance_id: &str) -> Result<()> {
         self.tx
             .execute(
-                "UPDATE instances SET lease_owner = NULL, lease_token = NULL, \
+                &self
+                    .stmt(
+                        "UPDATE instances SET lease_owner = NULL, lease_token = NULL, \
                  lease_expires_at = NULL WHERE id = $1",
+                    )
+                    .await?,
                 &[&instance_id],
             )
             .await?;
@@ -837,10 +870,13 @@ impl StateStore for PostgresStore {
                 // The unique name decides between concurrent creates; the loser sees no row.
                 let inserted =
                     w.tx.query_opt(
-                        "INSERT INTO instances (id, name, status, version, last_seq, \
+                        &w.stmt(
+                            "INSERT INTO instances (id, name, status, version, last_seq, \
                          pruned_through, lease_epoch, created_at, updated_at) \
                          VALUES ($1, $2, $3, 0, 0, 0, 0, $4, $4) \
                          ON CONFLICT (name) DO NOTHING RETURNING id",
+                        )
+                        .await?,
                         &[&id, &name, &InstanceStatus::New.as_str(), &w.now_ms()],
                     )
                     .await?;
@@ -975,9 +1011,8 @@ impl StateStore for PostgresStore {
                     epoch: instance.lease_epoch + 1,
                     expires_at: w.now.plus(ttl),
                 };
-                w.tx.execute(
-                    "UPDATE instances SET lease_epoch = $2, lease_owner = $3, lease_token = $4, \
-                     lease_expires_at = $5 WHERE id = $1",
+                w.tx.execute(&w.stmt("UPDATE instances SET lease_epoch = $2, lease_owner = $3, lease_token = $4, \
+                     lease_expires_at = $5 WHERE id = $1").await?,
                     &[
                         &lease.instance_id,
                         &to_i64(lease.epoch),
@@ -1000,7 +1035,8 @@ impl StateStore for PostgresStore {
                 w.fence(&lease).await?;
                 lease.expires_at = w.now.plus(ttl);
                 w.tx.execute(
-                    "UPDATE instances SET lease_expires_at = $2 WHERE id = $1",
+                    &w.stmt("UPDATE instances SET lease_expires_at = $2 WHERE id = $1")
+                        .await?,
                     &[&lease.instance_id, &lease.expires_at.as_millis()],
                 )
                 .await?;
@@ -1079,9 +1115,12 @@ impl StateStore for PostgresStore {
                 }
                 let id = new_id("cs");
                 w.tx.execute(
-                    "INSERT INTO change_sets (id, instance_id, planned_version, digest, body, \
+                    &w.stmt(
+                        "INSERT INTO change_sets (id, instance_id, planned_version, digest, body, \
                      status, created_at, updated_at, request_id, request_digest) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9)",
+                    )
+                    .await?,
                     &[
                         &id,
                         &new.instance_id,
@@ -1210,9 +1249,12 @@ impl StateStore for PostgresStore {
                 // to change: they are stale from now on. Listed in planning order, as SQLite.
                 let superseded: Vec<String> =
                     w.tx.query(
-                        "WITH s AS (UPDATE change_sets SET status = $3, updated_at = $4 \
+                        &w.stmt(
+                            "WITH s AS (UPDATE change_sets SET status = $3, updated_at = $4 \
                          WHERE instance_id = $1 AND status = $2 AND id != $5 RETURNING id, pos) \
                          SELECT id FROM s ORDER BY pos",
+                        )
+                        .await?,
                         &[
                             &cs.instance_id,
                             &ChangeSetStatus::Planned.as_str(),
@@ -1275,10 +1317,9 @@ impl StateStore for PostgresStore {
                     }
                 }
                 let id = new_id("op");
-                w.tx.execute(
-                    "INSERT INTO operations (id, instance_id, kind, request_id, request_digest, \
+                w.tx.execute(&w.stmt("INSERT INTO operations (id, instance_id, kind, request_id, request_digest, \
                      change_set_id, owner, status, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)").await?,
                     &[
                         &id,
                         &new.instance_id,
@@ -1334,8 +1375,11 @@ impl StateStore for PostgresStore {
                     get_operation(w.tx, &id).await?;
                     let n =
                         w.tx.execute(
-                            "UPDATE operations SET cancel_requested = TRUE \
+                            &w.stmt(
+                                "UPDATE operations SET cancel_requested = TRUE \
                              WHERE id = $1 AND status IN ($2, $3)",
+                            )
+                            .await?,
                             &[
                                 &id,
                                 &OperationStatus::Pending.as_str(),
@@ -1346,8 +1390,11 @@ impl StateStore for PostgresStore {
                     if n > 0 {
                         // Reaches the replica running it (this one included) at commit.
                         let payload = listen::Message::Cancel { operation_id: &id }.encode();
-                        w.tx.execute("SELECT pg_notify($1, $2)", &[&w.channel, &payload])
-                            .await?;
+                        w.tx.execute(
+                            &w.stmt("SELECT pg_notify($1, $2)").await?,
+                            &[&w.channel, &payload],
+                        )
+                        .await?;
                     }
                     Ok(n > 0)
                 })
@@ -1392,8 +1439,11 @@ impl StateStore for PostgresStore {
             Box::pin(async move {
                 // The key is a digest of the content: a row already there holds the same.
                 w.tx.execute(
-                    "INSERT INTO assets (key, content, created_at) VALUES ($1, $2, $3) \
+                    &w.stmt(
+                        "INSERT INTO assets (key, content, created_at) VALUES ($1, $2, $3) \
                      ON CONFLICT (key) DO NOTHING",
+                    )
+                    .await?,
                     &[&key, &content, &w.now_ms()],
                 )
                 .await?;
@@ -1442,11 +1492,10 @@ impl StateStore for PostgresStore {
                     // Replicas run this every few seconds: when no running operation's lease
                     // lapsed (the usual case), finish without locking any instance.
                     let lapsed =
-                        w.tx.query_opt(
-                            "SELECT 1 FROM operations o JOIN instances i ON i.id = o.instance_id \
+                        w.tx.query_opt(&w.stmt("SELECT 1 FROM operations o JOIN instances i ON i.id = o.instance_id \
                              WHERE o.status = $1 AND NOT COALESCE(i.lease_owner IS NOT NULL \
                              AND i.lease_expires_at > $2 AND i.lease_epoch = o.lease_epoch, \
-                             FALSE) LIMIT 1",
+                             FALSE) LIMIT 1").await?,
                             &[&running, &now.as_millis()],
                         )
                         .await?;
@@ -1456,10 +1505,9 @@ impl StateStore for PostgresStore {
                 }
                 // Every instance this may write, locked up front in id order (see the module
                 // docs); the open operations are read after, under those locks.
-                w.tx.query(
-                    "SELECT id FROM instances WHERE id IN (SELECT instance_id FROM operations \
+                w.tx.query(&w.stmt("SELECT id FROM instances WHERE id IN (SELECT instance_id FROM operations \
                      WHERE status IN ($1, $2)) OR ($3::TEXT IS NOT NULL AND lease_owner = $3) \
-                     ORDER BY id FOR NO KEY UPDATE",
+                     ORDER BY id FOR NO KEY UPDATE").await?,
                     &[&pending, &running, &owner],
                 )
                 .await?;
@@ -1513,9 +1561,8 @@ impl StateStore for PostgresStore {
                             "the operation's lease expired".to_owned()
                         }
                     };
-                    w.tx.execute(
-                        "UPDATE operations SET status = $2, error = $3, updated_at = $4, \
-                         finished_at = $4 WHERE id = $1",
+                    w.tx.execute(&w.stmt("UPDATE operations SET status = $2, error = $3, updated_at = $4, \
+                         finished_at = $4 WHERE id = $1").await?,
                         &[
                             &op.id,
                             &OperationStatus::Interrupted.as_str(),
@@ -1525,9 +1572,8 @@ impl StateStore for PostgresStore {
                     )
                     .await?;
                     if let Some(cs) = &op.change_set_id {
-                        w.tx.execute(
-                            "UPDATE change_sets SET status = $3, updated_at = $4 \
-                             WHERE id = $1 AND status = $2",
+                        w.tx.execute(&w.stmt("UPDATE change_sets SET status = $3, updated_at = $4 \
+                             WHERE id = $1 AND status = $2").await?,
                             &[
                                 cs,
                                 &ChangeSetStatus::Executing.as_str(),
@@ -1553,9 +1599,8 @@ impl StateStore for PostgresStore {
                 }
                 if let Some(owner) = owner {
                     // A restarted (or stopping) engine holds nothing: every lease it had is dead.
-                    w.tx.execute(
-                        "UPDATE instances SET lease_owner = NULL, lease_token = NULL, \
-                         lease_expires_at = NULL WHERE lease_owner = $1",
+                    w.tx.execute(&w.stmt("UPDATE instances SET lease_owner = NULL, lease_token = NULL, \
+                         lease_expires_at = NULL WHERE lease_owner = $1").await?,
                         &[&owner],
                     )
                     .await?;
@@ -1625,8 +1670,11 @@ impl StateStore for PostgresStore {
                 // One replica at a time: another one pruning now does the work for both.
                 let ours: bool =
                     w.tx.query_one(
-                        "SELECT pg_try_advisory_xact_lock(\
+                        &w.stmt(
+                            "SELECT pg_try_advisory_xact_lock(\
                          hashtext('trellis-state retention ' || current_schema()))",
+                        )
+                        .await?,
                         &[],
                     )
                     .await?
@@ -1639,8 +1687,11 @@ impl StateStore for PostgresStore {
                 // `last_seq`, which a concurrent commit must not move meanwhile.
                 let instances =
                     w.tx.query(
-                        "SELECT id, last_seq, pruned_through FROM instances ORDER BY id \
+                        &w.stmt(
+                            "SELECT id, last_seq, pruned_through FROM instances ORDER BY id \
                          FOR NO KEY UPDATE",
+                        )
+                        .await?,
                         &[],
                     )
                     .await?;
@@ -1655,8 +1706,11 @@ impl StateStore for PostgresStore {
                     let cut: Option<i64> = col(
                         &w.tx
                             .query_one(
-                                "SELECT MAX(seq) FROM events WHERE instance_id = $1 \
+                                &w.stmt(
+                                    "SELECT MAX(seq) FROM events WHERE instance_id = $1 \
                                  AND at < $2 AND seq <= $3",
+                                )
+                                .await?,
                                 &[&id, &events_cutoff, &keep_floor],
                             )
                             .await?,
@@ -1667,12 +1721,14 @@ impl StateStore for PostgresStore {
                     };
                     let n =
                         w.tx.execute(
-                            "DELETE FROM events WHERE instance_id = $1 AND seq <= $2",
+                            &w.stmt("DELETE FROM events WHERE instance_id = $1 AND seq <= $2")
+                                .await?,
                             &[&id, &cut],
                         )
                         .await?;
                     w.tx.execute(
-                        "UPDATE instances SET pruned_through = $2 WHERE id = $1",
+                        &w.stmt("UPDATE instances SET pruned_through = $2 WHERE id = $1")
+                            .await?,
                         &[&id, &cut],
                     )
                     .await?;
@@ -1682,7 +1738,8 @@ impl StateStore for PostgresStore {
                 // operation; everything else old is history.
                 report.change_sets_deleted =
                     w.tx.execute(
-                        "DELETE FROM change_sets WHERE created_at < $1 AND status != $2",
+                        &w.stmt("DELETE FROM change_sets WHERE created_at < $1 AND status != $2")
+                            .await?,
                         &[
                             &w.now.minus(policy.change_sets_older_than).as_millis(),
                             &ChangeSetStatus::Executing.as_str(),

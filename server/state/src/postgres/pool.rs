@@ -4,8 +4,11 @@
 
 use std::sync::{Mutex, PoisonError};
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use tokio::sync::{Semaphore, SemaphorePermit};
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config, NoTls, Statement};
 
 use crate::error::{Result, StateError};
 
@@ -15,9 +18,13 @@ pub(super) struct Pool {
     setup: String,
     /// Where the pool connects, with no password: safe for messages.
     target: String,
-    idle: Mutex<Vec<Client>>,
+    idle: Mutex<Vec<(Client, Arc<Statements>)>>,
     permits: Semaphore,
 }
+
+/// A connection's prepared statements, by SQL text. A statement given as text costs two round
+/// trips (prepare, then execute) every time; prepared once per connection, one.
+pub(super) type Statements = Mutex<HashMap<String, Statement>>;
 
 impl Pool {
     pub(super) fn new(config: Config, setup: String, target: String, max: usize) -> Pool {
@@ -49,10 +56,11 @@ impl Pool {
                 .pop();
             match pooled {
                 // A connection the server closed (restart, idle timeout) is dropped, not reused.
-                Some(client) if client.is_closed() => continue,
-                Some(client) => {
+                Some((client, _)) if client.is_closed() => continue,
+                Some((client, statements)) => {
                     return Ok(Conn {
                         client: Some(client),
+                        statements,
                         pool: self,
                         _permit: permit,
                     });
@@ -63,6 +71,7 @@ impl Pool {
         let client = self.connect().await?;
         Ok(Conn {
             client: Some(client),
+            statements: Arc::default(),
             pool: self,
             _permit: permit,
         })
@@ -95,11 +104,17 @@ impl Pool {
 /// A pooled connection; goes back to the pool when dropped (unless it broke).
 pub(super) struct Conn<'p> {
     client: Option<Client>,
+    statements: Arc<Statements>,
     pool: &'p Pool,
     _permit: SemaphorePermit<'p>,
 }
 
 impl Conn<'_> {
+    /// The statements prepared on this connection.
+    pub(super) fn statements(&self) -> Arc<Statements> {
+        self.statements.clone()
+    }
+
     pub(super) fn client(&mut self) -> &mut Client {
         // Only `Drop` takes the client out.
         self.client
@@ -119,7 +134,7 @@ impl Drop for Conn<'_> {
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(client);
+                .push((client, self.statements.clone()));
         }
     }
 }
