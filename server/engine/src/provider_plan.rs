@@ -26,6 +26,7 @@ use crate::plan::{Action, Plan, PlannedResource};
 use crate::plugins::CallOptions;
 use crate::prepare::Prepared;
 use crate::state::InstanceState;
+use trellis_lang::plugin_checks::path_steps;
 
 /// Calls in flight at once (one connection per plugin carries them all).
 const IN_FLIGHT: usize = 32;
@@ -322,20 +323,6 @@ fn at_keys<'j>(v: &'j Json, keys: &[String]) -> Option<&'j Json> {
         cur = cur.as_object()?.get(k)?;
     }
     Some(cur)
-}
-
-fn path_steps(path: Option<&pb::AttributePath>) -> Vec<PathStep> {
-    path.map(|p| {
-        p.steps
-            .iter()
-            .filter_map(|s| match &s.step {
-                Some(pb::path_step::Step::Field(f)) => Some(PathStep::Field(f.clone())),
-                Some(pb::path_step::Step::Index(i)) => Some(PathStep::Index(*i as usize)),
-                None => None,
-            })
-            .collect()
-    })
-    .unwrap_or_default()
 }
 
 /// Where a diagnostic about `resource` at spec path `steps` points: the field as written,

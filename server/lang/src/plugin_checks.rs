@@ -137,7 +137,8 @@ pub fn check(
     }
 }
 
-fn path_steps(path: Option<&pb::AttributePath>) -> Vec<PathStep> {
+/// A protocol attribute path as blueprint path steps (to locate it in a spec).
+pub fn path_steps(path: Option<&pb::AttributePath>) -> Vec<PathStep> {
     path.map(|p| {
         p.steps
             .iter()

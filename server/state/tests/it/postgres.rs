@@ -285,19 +285,27 @@ async fn statement_timeout_fails_a_stuck_call() {
         .unwrap();
 }
 
-/// Two stores on one schema stand for two replicas: a commit through one wakes a watcher of
-/// the other (LISTEN/NOTIFY), and the watcher reads every event, in order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commits_wake_watchers_of_another_replica() {
-    let Some(_admin) = admin().await else { return };
+/// Two stores on one fresh schema, standing for two replicas (`None`: no server).
+async fn two_replicas() -> Option<(Schema, PostgresStore, PostgresStore)> {
+    admin().await?;
     let schema = Schema(fresh_schema());
     let clock = Arc::new(ManualClock::default());
     let a = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
         .await
         .unwrap();
-    let b = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
+    let b = PostgresStore::connect(&url(), options(&schema.0, clock))
         .await
         .unwrap();
+    Some((schema, a, b))
+}
+
+/// Two stores on one schema stand for two replicas: a commit through one wakes a watcher of
+/// the other (LISTEN/NOTIFY), and the watcher reads every event, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_wake_watchers_of_another_replica() {
+    let Some((_schema, a, b)) = two_replicas().await else {
+        return;
+    };
     let instance = a.create_instance("app").await.unwrap();
     let after = instance.last_seq;
     // B waits for events past the creation; only A writes.
@@ -338,15 +346,9 @@ async fn commits_wake_watchers_of_another_replica() {
 /// A cancel requested through one replica is announced to the other, which runs the operation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_requests_reach_another_replica() {
-    let Some(_admin) = admin().await else { return };
-    let schema = Schema(fresh_schema());
-    let clock = Arc::new(ManualClock::default());
-    let a = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
-        .await
-        .unwrap();
-    let b = PostgresStore::connect(&url(), options(&schema.0, clock.clone()))
-        .await
-        .unwrap();
+    let Some((_schema, a, b)) = two_replicas().await else {
+        return;
+    };
     let instance = a.create_instance("app").await.unwrap();
     let op = a
         .create_operation(NewOperation {

@@ -12,6 +12,17 @@ use crate::plugins_common::TempDir;
 
 const SECRET: &str = "Py-interop-secret-4Kd9";
 
+/// Whether python3 can import grpcio; says "skipped" when it cannot.
+fn python_or_skip() -> bool {
+    let available = python_grpc_available();
+    if !available {
+        eprintln!(
+            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
+        );
+    }
+    available
+}
+
 fn python_grpc_available() -> bool {
     Command::new("python3")
         .args(["-c", "import grpc, grpc_tools, grpc_health"])
@@ -21,10 +32,7 @@ fn python_grpc_available() -> bool {
 
 #[test]
 fn a_python_client_deploys_with_an_environment() {
-    if !python_grpc_available() {
-        eprintln!(
-            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
-        );
+    if !python_or_skip() {
         return;
     }
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/python");
@@ -65,10 +73,7 @@ fn a_python_client_deploys_with_an_environment() {
 /// name the instance lacks, and is refused another instance's resources.
 #[test]
 fn a_python_plugin_looks_up_resources_of_its_own_instance_only() {
-    if !python_grpc_available() {
-        eprintln!(
-            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
-        );
+    if !python_or_skip() {
         return;
     }
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/python");
@@ -128,10 +133,7 @@ fn a_python_plugin_looks_up_resources_of_its_own_instance_only() {
 /// the old one; `trellis plugins refresh` reads it again.
 #[test]
 fn plugins_refresh_reads_a_changed_manifest_behind_a_launcher() {
-    if !python_grpc_available() {
-        eprintln!(
-            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
-        );
+    if !python_or_skip() {
         return;
     }
     let python = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -186,10 +188,7 @@ fn plugins_refresh_reads_a_changed_manifest_behind_a_launcher() {
 /// drift of a provider that reads back something else than it wrote, naming the field.
 #[test]
 fn plugins_check_passes_pyecho_and_catches_phantom_drift() {
-    if !python_grpc_available() {
-        eprintln!(
-            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
-        );
+    if !python_or_skip() {
         return;
     }
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/python");
@@ -261,10 +260,7 @@ fn plugins_check_passes_pyecho_and_catches_phantom_drift() {
 /// (`EngineCapabilities`): pyecho's `engine_capabilities` function returns what it received.
 #[test]
 fn the_handshake_carries_the_engines_capabilities() {
-    if !python_grpc_available() {
-        eprintln!(
-            "skipped: python3 with grpcio is not installed (tests/interop/python/requirements.txt)"
-        );
+    if !python_or_skip() {
         return;
     }
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/python");
