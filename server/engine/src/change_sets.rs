@@ -573,6 +573,7 @@ impl Engine {
         let nested = self.plan_children(instance, &mut prepared, &inputs, state, plugins)?;
         read.extend(nested.files);
         let mut planned = plan::plan(&mut prepared, state, &plugins.manifests, plugins);
+        crate::provider_plan::consult(&mut planned, &mut prepared, state, plugins);
         if prepared.diags.has_errors() {
             if !unknown.is_empty() {
                 return Ok(deferred_child(name, state, unknown.clone(), unknown_note()));

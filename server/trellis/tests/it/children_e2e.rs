@@ -574,3 +574,39 @@ fn a_child_without_resources_is_refused_at_plan() {
     assert_eq!(d["line"], 1, "{d}");
     assert!(!root.join("kept").exists());
 }
+
+/// A child blueprint's resources are planned by their provider too (`PlanResource`): the
+/// child's plan shows the state sim knows before deploy and sim's warning.
+#[test]
+fn a_childs_resources_get_the_providers_plan() {
+    let root = TempDir::new("e2e-child-provider-plan");
+    let engine = Engine::start(root.path());
+    write(
+        &root.join("parts/sim.yaml"),
+        "version: 2023-04-20\nresources:\n  inner:\n    type: sim/resource\n    spec:\n      payload: p\n      planWarning: mind the child\n",
+    );
+    write(
+        &root.join("main.yaml"),
+        "version: 2023-04-20\ninclude:\n  part:\n    path: parts/sim.yaml\nresources:\n  outer:\n    type: sim/resource\n    spec:\n      payload: q\n",
+    );
+    let (code, plan) = engine.json(&["plan", "main.yaml", "--instance", "pc"]);
+    assert_eq!(code, 0, "{plan}");
+    let part = child(&plan["changeSet"], "part");
+    let inner = part["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "inner")
+        .unwrap_or_else(|| panic!("{part}"));
+    let planned: Vec<&Value> = inner["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["origin"] == "provider")
+        .collect();
+    assert!(planned.iter().any(|f| f["path"] == "state.id"), "{inner}");
+    assert!(
+        part.to_string().contains("mind the child"),
+        "the child's plan lacks the provider's warning: {part}"
+    );
+}
