@@ -24,6 +24,7 @@ use crate::aws_moto::{CREDENTIALS, boto, moto, unique};
 use crate::engine_common::{Engine, all_output, cli_in_background, plugin_dir, write};
 use crate::plugins_common::TempDir;
 use crate::plugins_common::workspace_binary;
+use crate::serve_e2e::{plan, sims};
 
 const DEFAULT_URL: &str = "postgres://root@127.0.0.1:5432/test";
 /// How long anything here may take on a loaded machine before it counts as hung.
@@ -106,24 +107,6 @@ fn replica(root: &Path, name: &str, db: &Database, extra: &[&str]) -> Engine {
         .args(&args)
         .env("TRELLIS_SIM_JOURNAL", root.join("journal.txt"))
         .start()
-}
-
-/// `n` independent sim resources, each call taking `latency` ms.
-fn sims(n: usize, latency: u64) -> String {
-    let mut s = String::from("version: 2023-04-20\nresources:\n");
-    for i in 0..n {
-        s.push_str(&format!(
-            "  r{i}:\n    type: sim/resource\n    spec:\n      latencyMs: {latency}\n"
-        ));
-    }
-    s
-}
-
-/// Plans `file` for `instance` through `engine`; the change set id.
-fn plan(engine: &Engine, file: &str, instance: &str) -> String {
-    let (code, plan) = engine.json(&["plan", file, "--instance", instance]);
-    assert_eq!(code, 0, "{plan}");
-    plan["changeSet"]["id"].as_str().unwrap().to_owned()
 }
 
 /// How many times the sim journal shows each resource created.

@@ -9,7 +9,7 @@ use serde_json::Value;
 use trellis_proto::engine::v1 as api;
 
 /// `n` independent sim resources named `r0`.., each taking `latency` ms per call.
-fn sims(n: usize, latency: u64) -> String {
+pub(crate) fn sims(n: usize, latency: u64) -> String {
     let mut s = String::from("version: 2023-04-20\nresources:\n");
     for i in 0..n {
         s.push_str(&format!(
@@ -20,7 +20,7 @@ fn sims(n: usize, latency: u64) -> String {
 }
 
 /// Plans `file` for `instance` with the CLI; the change set's id.
-fn plan(engine: &Engine, file: &str, instance: &str) -> String {
+pub(crate) fn plan(engine: &Engine, file: &str, instance: &str) -> String {
     let (code, plan) = engine.json(&["plan", file, "--instance", instance]);
     assert_eq!(code, 0, "{plan}");
     plan["changeSet"]["id"].as_str().unwrap().to_owned()
