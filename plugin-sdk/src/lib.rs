@@ -30,8 +30,8 @@ pub use context::Context;
 pub use error::{Diagnostic, ErrorClass, PluginError, Result, ResultExt, Severity};
 pub use provider::{
     Annotation, Applied, CreateRequest, CustomVariableType, DataSource, Filter, Function,
-    IntermediariesUpdate, Link, LinkKind, LinkPriority, LinkRequest, Param, Plan, PlanRequest,
-    Provider, ReadState, Resource, ResourceState, RetryPolicy, Signature, StagedLink,
+    ImportRequest, IntermediariesUpdate, Link, LinkKind, LinkPriority, LinkRequest, Param, Plan,
+    PlanRequest, Provider, ReadState, Resource, ResourceState, RetryPolicy, Signature, StagedLink,
     UpdateRequest, ValidateRequest, VariableOption,
 };
 pub use schema::{Field, Schema, SchemaType, Spec};
@@ -52,9 +52,9 @@ pub mod prelude {
     pub use crate::{
         AbstractResource, Annotation, Applied, AttrPath, Context, CreateRequest,
         CustomVariableType, DataSource, Derivation, Diagnostic, ErrorClass, Field, Filter,
-        Function, IntermediariesUpdate, Link, LinkKind, LinkPriority, LinkRequest, Param, Plan,
-        PlanRequest, PluginError, Provider, ReadState, Resource, ResourceState, Result, ResultExt,
-        RetryPolicy, Schema, SchemaType, Severity, Signature, Spec, StagedLink, Transformed,
-        Transformer, UpdateRequest, ValidateRequest, Value, VariableOption,
+        Function, ImportRequest, IntermediariesUpdate, Link, LinkKind, LinkPriority, LinkRequest,
+        Param, Plan, PlanRequest, PluginError, Provider, ReadState, Resource, ResourceState,
+        Result, ResultExt, RetryPolicy, Schema, SchemaType, Severity, Signature, Spec, StagedLink,
+        Transformed, Transformer, UpdateRequest, ValidateRequest, Value, VariableOption,
     };
 }

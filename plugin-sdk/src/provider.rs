@@ -20,9 +20,10 @@ use crate::value::{AttrPath, Value};
 ///
 /// The lists are read once at startup. Capabilities in Handshake follow from
 /// them: `data_sources`, `links`, `functions` and `custom_variable_types` are
-/// declared when the list is not empty, `plan_resource` / `read_resource`
-/// when a resource says [`Resource::supports_plan`] / [`Resource::supports_read`],
-/// and `cancel` always (the SDK implements it).
+/// declared when the list is not empty, `plan_resource` / `read_resource` /
+/// `import_resource` when a resource says [`Resource::supports_plan`] /
+/// [`Resource::supports_read`] / [`Resource::supports_import`], and `cancel`
+/// always (the SDK implements it).
 #[async_trait]
 pub trait Provider: Send + Sync + 'static {
     /// `local` for `local/file`.
@@ -281,6 +282,16 @@ impl ReadState {
     }
 }
 
+/// What ImportResource asks for: an existing resource, by its id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ImportRequest {
+    pub resource_type: String,
+    /// The name it will have in the blueprint.
+    pub name: String,
+    /// The id the user gave, in the form the type documents (a path, a name, a URL, an ARN).
+    pub external_id: String,
+}
+
 /// A resource type. `create`, `update` and `destroy` are required; the rest
 /// have defaults.
 #[async_trait]
@@ -334,6 +345,25 @@ pub trait Resource: Send + Sync + 'static {
         Err(PluginError::internal(format!(
             "{} does not implement ReadResource",
             current.resource_type
+        )))
+    }
+
+    /// Return true when you implement [`Resource::import`]: the manifest then declares the
+    /// type `importable`.
+    fn supports_import(&self) -> bool {
+        false
+    }
+
+    /// An existing resource found by `req.external_id`, as a blueprint would declare it
+    /// (`trellis import`); `Ok(None)` when there is none. `spec` holds every field a
+    /// blueprint sets (no computed one) with the values the resource has, so that applying it
+    /// changes nothing; `state` the computed fields; `external_id` the id as create would
+    /// report it, when the id given is another form of it (Capabilities.import_resource).
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let _ = ctx;
+        Err(PluginError::bad_input(format!(
+            "{} cannot be imported",
+            req.resource_type
         )))
     }
 }

@@ -28,8 +28,8 @@ use trellis_proto::plugin::v1::transformer_server::{
 use crate::context::Context;
 use crate::error::{Diagnostic, PluginError, Result};
 use crate::provider::{
-    Applied, CreateRequest, CustomVariableType, DataSource, Filter, Function, Link, LinkKind,
-    LinkPriority, LinkRequest, PlanRequest, Provider, ReadState, Resource, ResourceState,
+    Applied, CreateRequest, CustomVariableType, DataSource, Filter, Function, ImportRequest, Link,
+    LinkKind, LinkPriority, LinkRequest, PlanRequest, Provider, ReadState, Resource, ResourceState,
     Signature, UpdateRequest, ValidateRequest,
 };
 use crate::schema::Schema;
@@ -409,6 +409,7 @@ pub(crate) fn provider_services<P: Provider>(provider: P, nonce: String) -> Resu
         functions: !functions.is_empty(),
         custom_variable_types: !variable_types.is_empty(),
         cancel: true,
+        import_resource: resources.values().any(|(r, _)| r.supports_import()),
     };
     let manifest = pb::Manifest {
         plugin: Some(info.clone()),
@@ -418,6 +419,7 @@ pub(crate) fn provider_services<P: Provider>(provider: P, nonce: String) -> Resu
                 r#type: t.clone(),
                 description: r.description().to_owned(),
                 spec_schema: Some(schema.to_proto()),
+                importable: r.supports_import(),
             })
             .collect(),
         data_source_types: data_sources
@@ -792,6 +794,45 @@ impl ProviderRpc for ProviderSvc {
             },
             Ok((None, _)) => pb::ReadResourceResponse::default(),
             Err(e) => pb::ReadResourceResponse {
+                error: Some(e.to_proto()),
+                ..Default::default()
+            },
+        }))
+    }
+
+    async fn import_resource(
+        &self,
+        request: Request<pb::ImportResourceRequest>,
+    ) -> Reply<pb::ImportResourceResponse> {
+        let req = request.into_inner();
+        let (ctx, _guard) = self.0.calls.context(req.context, None);
+        let asked = ImportRequest {
+            resource_type: req.resource_type,
+            name: req.resource_name,
+            external_id: req.external_id,
+        };
+        let r: Result<(Option<ReadState>, &Schema)> = match self.0.resource(&asked.resource_type) {
+            Err(e) => Err(e),
+            Ok((resource, schema)) if resource.supports_import() => {
+                guarded(&ctx, "ImportResource", resource.import(&ctx, &asked))
+                    .await
+                    .map(|r| (r, schema))
+            }
+            Ok(_) => Err(PluginError::bad_input(format!(
+                "{} cannot be imported (the type is not declared importable)",
+                asked.resource_type
+            ))),
+        };
+        Ok(Response::new(match r {
+            Ok((Some(rs), schema)) => pb::ImportResourceResponse {
+                exists: true,
+                spec: Some(ProviderCore::mark(schema, rs.spec).to_proto()),
+                state: Some(ProviderCore::mark(schema, rs.state).to_proto()),
+                external_id: rs.external_id.unwrap_or(asked.external_id),
+                error: None,
+            },
+            Ok((None, _)) => pb::ImportResourceResponse::default(),
+            Err(e) => pb::ImportResourceResponse {
                 error: Some(e.to_proto()),
                 ..Default::default()
             },

@@ -478,6 +478,39 @@ impl Harness {
         err_or(r.error, found)
     }
 
+    /// ImportResource (requires Capabilities.import_resource); None when there is no such
+    /// resource.
+    pub async fn import(
+        &self,
+        resource_type: &str,
+        name: &str,
+        external_id: &str,
+    ) -> Result<Option<ReadState>> {
+        self.require(
+            self.capabilities.import_resource,
+            "ImportResource",
+            "override Resource::supports_import",
+        )?;
+        let req = pb::ImportResourceRequest {
+            context: Some(self.call_context()),
+            resource_type: resource_type.to_owned(),
+            resource_name: name.to_owned(),
+            external_id: external_id.to_owned(),
+        };
+        let r = self
+            .provider_client()
+            .import_resource(req)
+            .await
+            .map_err(transport)?
+            .into_inner();
+        let found = r.exists.then(|| ReadState {
+            spec: value(r.spec),
+            state: value(r.state),
+            external_id: (!r.external_id.is_empty()).then_some(r.external_id),
+        });
+        err_or(r.error, found)
+    }
+
     /// FetchDataSource.
     pub async fn fetch(&self, data_source_type: &str, filters: Vec<Filter>) -> Result<Vec<Value>> {
         self.require(

@@ -36,6 +36,7 @@ impl AbstractResource {
             r#type: self.type_name.clone(),
             description: self.description.clone(),
             spec_schema: Some(self.schema.to_proto()),
+            importable: false,
         }
     }
 }

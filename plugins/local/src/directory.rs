@@ -371,4 +371,39 @@ impl Resource for Directory {
             external_id: Some(id.to_owned()),
         }))
     }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// The id is the directory's path (absolute, or relative to `root`), kept as given in
+    /// `path`. Adopting it makes it trellis's (`created`), so destroy removes it when empty.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let base = Base::from_ctx(ctx)?;
+        let path = base.resolve_attr(&req.external_id, "path")?;
+        let p = path.clone();
+        let meta = blocking(move || match std::fs::metadata(&p) {
+            Ok(m) => Ok(Some(m)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(PluginError::from(e).context(format!("inspecting `{}`", p.display()))),
+        })
+        .await?;
+        let Some(meta) = meta.filter(std::fs::Metadata::is_dir) else {
+            return Ok(None);
+        };
+        let id = path_str(&path)?;
+        let spec = Value::map()
+            .with("path", req.external_id.as_str())
+            .with("mode", format_mode(mode_of(&meta)));
+        Ok(Some(
+            ReadState::new(spec, state(id, true, &[])).with_external_id(id),
+        ))
+    }
 }

@@ -302,4 +302,35 @@ impl Resource for File {
             external_id: Some(id),
         }))
     }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// The id is the file's path (absolute, or relative to `root`), kept as given in `path`.
+    /// Adopted, the file is trellis's: destroy deletes it while its content is unchanged.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let base = Base::from_ctx(ctx)?;
+        let path = base.resolve_attr(&req.external_id, "path")?;
+        let id = path_str(&path)?.to_owned();
+        let shown = path.clone();
+        let Some(disk) = blocking(move || read_disk(&path)).await? else {
+            return Ok(None);
+        };
+        // A blueprint carries text: content that would not be written back byte for byte
+        // (too large to read, or not UTF-8) cannot be declared, so it cannot be adopted.
+        if disk.content == TOO_LARGE || sha256_hex(disk.content.as_bytes()) != disk.sha {
+            return Err(PluginError::bad_input(format!(
+                "`{}` cannot be imported: local/file holds UTF-8 text of at most 16 MiB",
+                shown.display()
+            )));
+        }
+        let spec = Value::map()
+            .with("path", req.external_id.as_str())
+            .with("content", disk.content)
+            .with("mode", format_mode(disk.mode));
+        Ok(Some(
+            ReadState::new(spec, state(disk.sha, disk.size, false)).with_external_id(id),
+        ))
+    }
 }

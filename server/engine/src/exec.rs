@@ -112,7 +112,7 @@ impl RunContext {
 
     /// A store failure as the operation reports it, logged for the operator (a full disk or an
     /// I/O error is theirs to fix; the operation's error alone may never reach them).
-    fn store_error(&self, e: &StateError) -> String {
+    pub(crate) fn store_error(&self, e: &StateError) -> String {
         tracing::error!(operation = %self.operation.id, instance = %self.operation.instance_id,
             error = %e, "the state store refused a write");
         format!("state store: {e}")

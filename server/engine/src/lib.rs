@@ -19,6 +19,7 @@ pub mod diff;
 pub mod drift;
 pub mod exec;
 mod idempotency;
+mod import;
 pub mod links;
 pub mod metrics;
 pub mod names;
@@ -38,6 +39,7 @@ mod waiting;
 
 use child_runs::*;
 use idempotency::*;
+pub use import::ImportRequest;
 pub use operations::Finish;
 pub use waiting::{Queued, Wait};
 // The crates below the engine, under the names their modules had when they were one crate.
@@ -436,6 +438,16 @@ impl Engine {
         environment: &settings::Environment,
         plugins: &PluginContext<'a>,
     ) -> Result<(PluginContext<'a>, crate::redact::Held)> {
+        let (merged, held) = plugins.rt.block_on(self.checked_settings(environment))?;
+        Ok((plugins.with_configs(merged.configs()), held))
+    }
+
+    /// The engine's settings with a request's `environment` merged over them, checked as
+    /// [`Engine::request_plugins`] says; its secrets held while the guard lives.
+    pub(crate) async fn checked_settings(
+        &self,
+        environment: &settings::Environment,
+    ) -> Result<(settings::Merged, crate::redact::Held)> {
         let invalid = EngineError::InvalidArgument;
         let merged = settings::merge(&self.config.settings, environment).map_err(invalid)?;
         let what = if environment.name.is_empty() {
@@ -454,11 +466,10 @@ impl Engine {
                 (ns.as_str(), given, whole)
             })
             .collect();
-        plugins
-            .rt
-            .block_on(settings::check_providers(plugins.host, &what, &entries))
+        settings::check_providers(&self.host, &what, &entries)
+            .await
             .map_err(invalid)?;
-        Ok((plugins.with_configs(merged.configs()), held))
+        Ok((merged, held))
     }
 
     /// The provider config of a run for an instance whose deployments recorded `recorded` (its

@@ -5,18 +5,18 @@
 use super::*;
 
 /// What [`Engine::start_operation`] records.
-struct OperationStart<'a> {
-    kind: OperationKind,
-    request_id: &'a str,
-    request_digest: &'a str,
-    change_set_id: Option<String>,
-    instance_status: InstanceStatus,
+pub(crate) struct OperationStart<'a> {
+    pub kind: OperationKind,
+    pub request_id: &'a str,
+    pub request_digest: &'a str,
+    pub change_set_id: Option<String>,
+    pub instance_status: InstanceStatus,
     /// How many resources the operation changes, when known.
-    total: Option<usize>,
+    pub total: Option<usize>,
 }
 
 /// What [`Engine::start_operation`] did.
-enum Started {
+pub(crate) enum Started {
     /// Recorded and marked running: the caller runs it.
     New(Operation),
     /// The request id already names this operation: nothing was started.
@@ -98,7 +98,11 @@ impl Engine {
     }
 
     /// Records the operation and marks it running, under `lease`.
-    async fn start_operation(&self, lease: &Lease, start: OperationStart<'_>) -> Result<Started> {
+    pub(crate) async fn start_operation(
+        &self,
+        lease: &Lease,
+        start: OperationStart<'_>,
+    ) -> Result<Started> {
         let OperationStart {
             kind,
             request_id,
@@ -385,7 +389,7 @@ impl Engine {
     }
 
     /// Runs an operation on a blocking thread (see `exec`) and records how it ended.
-    fn spawn_run(
+    pub(crate) fn spawn_run(
         self: &Arc<Self>,
         op: Operation,
         lease: Lease,

@@ -133,6 +133,15 @@ pub trait Provisioner: Send + Sync + 'static {
     ) -> Result<Applied, Failure>;
     async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure>;
     async fn read(&self, target: &Target) -> Result<Observed, Failure>;
+    /// An existing resource the state does not record, found by the id a user gave
+    /// (`trellis import`), described as a blueprint would declare it.
+    async fn import(&self, target: &Target, external_id: &str) -> Result<Observed, Failure> {
+        let _ = external_id;
+        Err(Failure::new(format!(
+            "{} cannot be imported",
+            target.resource_type
+        )))
+    }
     /// Runs a link through its phases (stage, update resource A, update resource B, update
     /// intermediaries); returns the link data to record, with the fields the link owns
     /// (`links::record_data`). `call.link_data` is the recorded data, owned paths included.
@@ -484,6 +493,35 @@ impl PluginProvisioner {
         Ok(super::links::record_data(data, &owned))
     }
 
+    async fn import_call(&self, target: &Target, external_id: &str) -> Result<Observed, Failure> {
+        let ns = namespace(&target.resource_type);
+        let client = self
+            .host
+            .provider(ns)
+            .map_err(|e| Failure::new(describe(&e)))?;
+        let req = pb::ImportResourceRequest {
+            context: None,
+            resource_type: target.resource_type.clone(),
+            resource_name: target.name.clone(),
+            external_id: external_id.to_owned(),
+        };
+        let resp = client
+            .import_resource(req, &options(target, ns, ""))
+            .await
+            .map_err(|e| Failure::new(describe(&e)))?;
+        if let Some(e) = resp.error {
+            return Err(Failure::new(format!("provider `{ns}`: {}", e.message)));
+        }
+        if !resp.exists {
+            return Ok(Observed::Missing);
+        }
+        Ok(Observed::Exists {
+            spec: resp.spec.as_ref().map_or(Json::Null, raw_json),
+            state: resp.state.as_ref().map_or(Json::Null, raw_json),
+            external_id: resp.external_id,
+        })
+    }
+
     async fn read_call(&self, target: &Target) -> Result<Observed, Failure> {
         let Some(current) = current(target) else {
             return Ok(Observed::Missing);
@@ -568,6 +606,14 @@ impl Provisioner for PluginProvisioner {
             Ok(Observed::Missing) => Ok(Observed::Missing),
             Err(f) => Err(f.redacted(&target_secrets(target))),
         }
+    }
+
+    async fn import(&self, target: &Target, external_id: &str) -> Result<Observed, Failure> {
+        // Nothing of it is recorded yet: the secrets to keep out of a failure are the
+        // settings' and the id's own when it quotes one (held by the caller).
+        self.import_call(target, external_id)
+            .await
+            .map_err(|f| f.redacted(&[]))
     }
 
     async fn link(&self, call: &LinkCall, idempotency_key: &str) -> Result<Json, Failure> {

@@ -78,6 +78,7 @@ with_context!(
     pb::ApplyResourceRequest => |r| &r.resource_type,
     pb::DestroyResourceRequest => |r| r.current.as_ref().map_or("", |c| &c.resource_type),
     pb::ReadResourceRequest => |r| r.current.as_ref().map_or("", |c| &c.resource_type),
+    pb::ImportResourceRequest => |r| &r.resource_type,
     pb::FetchDataSourceRequest,
     pb::CallFunctionRequest,
     pb::CustomVariableOptionsRequest,
@@ -138,6 +139,7 @@ app_result!(
     pb::PlanResourceResponse,
     pb::DestroyResourceResponse,
     pb::ReadResourceResponse,
+    pb::ImportResourceResponse,
     pb::FetchDataSourceResponse,
     pb::CallFunctionResponse,
     pb::CustomVariableOptionsResponse,
@@ -728,6 +730,28 @@ impl ProviderClient {
                 move |ch, r| {
                     let mut c = this.raw(ch);
                     async move { unary(c.read_resource(r)).await }
+                },
+            )
+            .await
+    }
+
+    /// ImportResource, under the read deadline (it is a read).
+    pub async fn import_resource(
+        &self,
+        req: pb::ImportResourceRequest,
+        opts: &CallOptions,
+    ) -> Result<pb::ImportResourceResponse, PluginError> {
+        let this = self.clone();
+        self.c
+            .call(
+                CallKind::ReadResource,
+                "ImportResource".into(),
+                opts,
+                req,
+                Some(("import_resource", |c| c.import_resource)),
+                move |ch, r| {
+                    let mut c = this.raw(ch);
+                    async move { unary(c.import_resource(r)).await }
                 },
             )
             .await

@@ -131,6 +131,7 @@ status_enum! {
         Deploy = "deploy",
         Destroy = "destroy",
         Reconcile = "reconcile",
+        Import = "import",
     }
 }
 

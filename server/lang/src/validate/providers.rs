@@ -565,6 +565,7 @@ mod tests {
                     ],
                     ..Schema::default()
                 }),
+                importable: false,
             }],
             custom_variable_types: vec![pb::CustomVariableTypeDef {
                 r#type: "local/fileMode".into(),

@@ -84,6 +84,7 @@ pub mod plugin_check;
 pub mod plugin_cmds;
 pub mod token;
 mod transformed;
+mod yaml;
 
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {

@@ -504,6 +504,7 @@ fn operation_kind(kind: OperationKind) -> api::OperationKind {
         OperationKind::Deploy => api::OperationKind::Deploy,
         OperationKind::Destroy => api::OperationKind::Destroy,
         OperationKind::Reconcile => api::OperationKind::Reconcile,
+        OperationKind::Import => api::OperationKind::Import,
     }
 }
 
@@ -1000,6 +1001,29 @@ impl api::engine_server::Engine for EngineApi {
         let op = self
             .engine
             .reconcile(&r.request_id, &r.instance, accept, r.resources)
+            .await
+            .map_err(status)?;
+        self.encode_operation(op).await
+    }
+
+    async fn import_resource(
+        &self,
+        req: Request<api::ImportResourceRequest>,
+    ) -> Result<Response<api::Operation>, Status> {
+        let caller = Caller::of(&req)?;
+        let r = req.into_inner();
+        caller.check(&r.instance, Role::Deployer, "ImportResource")?;
+        let environment = r.environment.map(decode_environment).transpose()?;
+        let request = crate::engine::ImportRequest {
+            instance: r.instance,
+            name: r.name,
+            resource_type: r.resource_type,
+            external_id: r.external_id,
+            environment,
+        };
+        let op = self
+            .engine
+            .import(&r.request_id, request)
             .await
             .map_err(status)?;
         self.encode_operation(op).await

@@ -42,7 +42,7 @@ pub enum Role {
     Viewer,
     /// And validate and plan.
     Planner,
-    /// And execute, destroy, cancel, check drift and reconcile.
+    /// And execute, destroy, cancel, check drift, reconcile and import.
     Deployer,
     /// And read secret values (and, when the API has them, backups and breaking a lease).
     Admin,
@@ -80,7 +80,7 @@ impl fmt::Display for Role {
 /// here needs `admin` (so a new one is never open by mistake), and a unit test fails until it
 /// has its entry. Reading secret values (`reveal_secrets`) needs `admin` whatever the method:
 /// the handlers ask for it.
-pub(crate) const METHODS: [(&str, Role); 17] = [
+pub(crate) const METHODS: [(&str, Role); 18] = [
     ("Validate", Role::Planner),
     ("CreateChangeSet", Role::Planner),
     ("GetChangeSet", Role::Viewer),
@@ -97,6 +97,8 @@ pub(crate) const METHODS: [(&str, Role); 17] = [
     ("CancelOperation", Role::Deployer),
     ("CheckDrift", Role::Deployer),
     ("Reconcile", Role::Deployer),
+    // Records a resource, which the instance's next deploy or destroy then changes.
+    ("ImportResource", Role::Deployer),
     // A copy of every instance's state, secrets included.
     ("Backup", Role::Admin),
 ];
@@ -689,6 +691,7 @@ mod tests {
             ("Destroy", Deployer),
             ("CancelOperation", Deployer),
             ("Reconcile", Deployer),
+            ("ImportResource", Deployer),
             ("Backup", Admin),
             ("SomethingNew", Admin),
         ];

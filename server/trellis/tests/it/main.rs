@@ -24,6 +24,7 @@ mod cli;
 mod configuration_e2e;
 mod drain_e2e;
 mod engine_e2e;
+mod import_e2e;
 mod interop_e2e;
 mod limits_e2e;
 mod link_drift_e2e;

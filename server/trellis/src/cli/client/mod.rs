@@ -41,6 +41,7 @@ const WATCH_RETRIES: u32 = 8;
 mod assets;
 mod backup;
 mod connect;
+mod imported;
 pub(crate) mod render;
 mod wait;
 mod watch;
@@ -48,6 +49,7 @@ mod watch;
 pub use backup::BackupArgs;
 use connect::*;
 pub use connect::{Api, BearerToken, connect, connect_with_token};
+use imported::{imported_json, imported_yaml};
 use render::*;
 use watch::*;
 
@@ -146,6 +148,26 @@ pub enum ClientCommand {
     ///
     /// Exit codes: as for `trellis destroy`.
     Reconcile(ReconcileArgs),
+    /// Adopt an existing resource into an instance, and print how the blueprint declares it.
+    ///
+    /// The provider of --type reads the resource by --id (the forms each type accepts are in
+    /// `trellis plugins describe`'s type descriptions and docs/import.md; a `local/file` id is
+    /// its path), and the instance (created if new) records it under NAME as the provider
+    /// found it. Nothing is changed outside the engine. Prints, as YAML on stdout, the
+    /// `resources:` entry the blueprint should carry: with exactly that spec the next plan
+    /// shows no change for NAME. Until the blueprint declares NAME, a deploy of it plans to
+    /// delete the resource, as it would any resource the blueprint no longer has.
+    ///
+    /// Secrets the provider reports print as `(sensitive)` unless --reveal-secrets (admin role
+    /// on an engine with authentication); declare them with secret variables. --env gives the
+    /// provider settings for an instance that records none yet. --format json prints
+    /// {"operation": {...}, "resource": {"name", "type", "externalId", "spec", "state"},
+    /// "events": N}.
+    ///
+    /// Exit codes: 0 imported; 1 refused or failed (a type that cannot be imported, a bad
+    /// name, no such resource, another operation holds the instance); 2 the instance has the
+    /// name or the resource already, usage error, or the engine cannot be reached.
+    Import(ImportArgs),
     /// Ask a running operation to stop at its next safe point, and print it.
     ///
     /// No provider call is abandoned half-way: the operation ends CANCELLED shortly after.
@@ -361,6 +383,35 @@ pub struct ReconcileArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct ImportArgs {
+    /// The resource's name in the instance and the blueprint.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// The instance to record it in (created if it does not exist).
+    #[arg(long, value_name = "INSTANCE")]
+    pub instance: String,
+    /// The resource type, e.g. `local/file` or `aws/s3/bucket`; its provider must declare it
+    /// importable.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub resource_type: String,
+    /// The resource's id, in a form its type accepts: a path, a name, a URL, an ARN.
+    #[arg(long, value_name = "EXTERNAL_ID")]
+    pub id: String,
+    /// An environment file whose provider settings the read uses (and the new instance
+    /// records), as for `trellis plan --env`.
+    #[arg(long = "env", value_name = "FILE")]
+    pub env: Option<PathBuf>,
+    /// Print secret values the provider reports in clear instead of `(sensitive)`. On an
+    /// engine with authentication this needs the admin role.
+    #[arg(long)]
+    pub reveal_secrets: bool,
+    #[command(flatten)]
+    pub request: RequestIdArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct CancelArgs {
     /// The operation to cancel (printed by deploy, destroy and reconcile).
     #[arg(value_name = "OPERATION_ID")]
@@ -389,6 +440,7 @@ impl ClientCommand {
             Self::Events(a) => &a.engine,
             Self::Drift(a) => &a.engine,
             Self::Reconcile(a) => &a.engine,
+            Self::Import(a) => &a.engine,
             Self::Cancel(a) => &a.engine,
             Self::Backup(a) => &a.engine,
         }
@@ -448,6 +500,7 @@ async fn dispatch(command: ClientCommand) -> Result<u8, Failure> {
         ClientCommand::Events(a) => events(&mut client, &a).await,
         ClientCommand::Drift(a) => drift(&mut client, &a).await,
         ClientCommand::Reconcile(a) => reconcile(&mut client, &a).await,
+        ClientCommand::Import(a) => import(&mut client, &a).await,
         ClientCommand::Cancel(a) => cancel(&mut client, &a).await,
         ClientCommand::Backup(a) => backup::backup(&mut client, &a).await,
     }
@@ -820,6 +873,73 @@ async fn reconcile(client: &mut Client, args: &ReconcileArgs) -> Result<u8, Fail
     follow_operation(client, op, Watched::sized(sizing), args.engine.format).await
 }
 
+async fn import(client: &mut Client, args: &ImportArgs) -> Result<u8, Failure> {
+    let format = args.engine.format;
+    let inputs = crate::cli::inputs::InputArgs {
+        env: args.env.clone(),
+        var_files: Vec::new(),
+    };
+    let inputs = crate::cli::inputs::resolve(&inputs, &[]).map_err(Failure::usage)?;
+    let request_id = args.request.resolve();
+    let request = pb::ImportResourceRequest {
+        request_id: request_id.clone(),
+        instance: args.instance.clone(),
+        name: args.name.clone(),
+        resource_type: args.resource_type.clone(),
+        external_id: args.id.clone(),
+        environment: inputs.environment_pb(),
+    };
+    let op = match client
+        .api
+        .import_resource(traced(&request_id, request))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => return Err(client.fail(s)),
+    };
+    let started = Instant::now();
+    let (done, events) = watch_to_end(client, op, Watched::sized(Some(1)), format).await?;
+    if done.status() != pb::OperationStatus::Succeeded {
+        match format {
+            OutputFormat::Json => {
+                emit_json(&json!({ "operation": operation_json(&done), "events": events }))?
+            }
+            OutputFormat::Text => emit(&operation_text(&done, started.elapsed()))?,
+        }
+        return Ok(operation_exit_code(&done));
+    }
+    let request = pb::GetInstanceRequest {
+        instance: args.instance.clone(),
+        reveal_secrets: args.reveal_secrets,
+    };
+    let mut inst = match client.api.get_instance(request).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => return Err(client.fail(s)),
+    };
+    if args.reveal_secrets {
+        reveal_instance(&mut inst);
+    }
+    let Some(resource) = inst.resources.iter().find(|r| r.name == args.name) else {
+        return Err(Failure::new(
+            1,
+            "NOT_FOUND",
+            format!(
+                "the import succeeded, but instance `{}` no longer has `{}` (another operation removed it)",
+                args.instance, args.name
+            ),
+        ));
+    };
+    match format {
+        OutputFormat::Json => emit_json(&json!({
+            "operation": operation_json(&done),
+            "resource": imported_json(resource),
+            "events": events,
+        }))?,
+        OutputFormat::Text => emit(&imported_yaml(&inst.name, resource))?,
+    }
+    Ok(0)
+}
+
 async fn cancel(client: &mut Client, args: &CancelArgs) -> Result<u8, Failure> {
     let request_id = args.request.resolve();
     let request = pb::CancelOperationRequest {
@@ -928,6 +1048,31 @@ async fn follow_operation(
     format: OutputFormat,
 ) -> Result<u8, Failure> {
     let started = Instant::now();
+    let plan = watched.plan.filter(|_| watched.plan_in_output);
+    let (done, events) = watch_to_end(client, op, watched, format).await?;
+    match format {
+        OutputFormat::Json => {
+            let mut doc = Map::new();
+            doc.insert("operation".into(), operation_json(&done));
+            if let Some(cs) = plan {
+                doc.insert("changeSet".into(), change_set_json(cs));
+            }
+            doc.insert("events".into(), json!(events));
+            emit_json(&Json::Object(doc))?;
+        }
+        OutputFormat::Text => emit(&operation_text(&done, started.elapsed()))?,
+    }
+    Ok(operation_exit_code(&done))
+}
+
+/// Watches `op` to its end, showing its progress on stderr; the operation as it ended and
+/// how many events it had.
+async fn watch_to_end(
+    client: &mut Client,
+    op: pb::Operation,
+    watched: Watched<'_>,
+    format: OutputFormat,
+) -> Result<(pb::Operation, usize), Failure> {
     if format == OutputFormat::Text {
         eprintln!(
             "{} of {}: operation {} (stop it with `trellis cancel {}`)",
@@ -956,19 +1101,7 @@ async fn follow_operation(
         (Err(s), Some(last)) if retryable(s.code()) => ended_as(&op, &last),
         (Err(s), _) => return Err(client.fail(s)),
     };
-    match format {
-        OutputFormat::Json => {
-            let mut doc = Map::new();
-            doc.insert("operation".into(), operation_json(&done));
-            if let Some(cs) = watched.plan.filter(|_| watched.plan_in_output) {
-                doc.insert("changeSet".into(), change_set_json(cs));
-            }
-            doc.insert("events".into(), json!(display.progress.events));
-            emit_json(&Json::Object(doc))?;
-        }
-        OutputFormat::Text => emit(&operation_text(&done, started.elapsed()))?,
-    }
-    Ok(operation_exit_code(&done))
+    Ok((done, display.progress.events))
 }
 
 // ---- failures and exit codes ------------------------------------------------------------------
@@ -1068,6 +1201,10 @@ pub fn status_failure(status: &tonic::Status, engine: &str) -> Failure {
     let (exit, message) = match code {
         Code::Unavailable => return Failure::unreachable(engine, &with_default("unavailable")),
         Code::NotFound => (2, with_default("not found")),
+        // A request id used for another request, or (import) a name the instance has.
+        Code::AlreadyExists if !msg.contains("request id") && !msg.is_empty() => {
+            (2, msg.to_owned())
+        }
         Code::AlreadyExists => (
             2,
             format!(

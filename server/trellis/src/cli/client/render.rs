@@ -17,6 +17,7 @@ pub(crate) fn kind_word(op: &pb::Operation) -> &'static str {
     match op.kind() {
         pb::OperationKind::Destroy => "destroy",
         pb::OperationKind::Reconcile => "reconcile",
+        pb::OperationKind::Import => "import",
         _ => "deploy",
     }
 }
@@ -39,7 +40,7 @@ fn opt_str(s: &str) -> Json {
 
 /// A value as JSON, with the markers `trellis eval --format json` uses: a value known only
 /// after deploy is `{"unknown": true}`, a secret `{"sensitive": true}`.
-fn value_json(v: Option<&pv::Value>) -> Json {
+pub(super) fn value_json(v: Option<&pv::Value>) -> Json {
     use pv::value::Kind;
     let Some(v) = v else { return Json::Null };
     if v.sensitive {

@@ -938,6 +938,12 @@ impl Engine for FakeEngine {
     ) -> Result<Response<pb::Operation>, Status> {
         unimplemented()
     }
+    async fn import_resource(
+        &self,
+        _: Request<pb::ImportResourceRequest>,
+    ) -> Result<Response<pb::Operation>, Status> {
+        unimplemented()
+    }
 }
 
 #[derive(Default)]

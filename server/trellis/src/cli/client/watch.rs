@@ -280,6 +280,7 @@ impl Progress {
         let verb = match kind {
             "destroy" => "destroying",
             "reconcile" => "reconciling",
+            "import" => "importing into",
             _ => "deploying",
         };
         Self {
