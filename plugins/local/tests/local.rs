@@ -1254,3 +1254,89 @@ async fn data_source_json_objects() {
         ]
     );
 }
+
+#[tokio::test]
+async fn files_and_directories_are_importable_by_path_and_read_back_without_drift() {
+    let tmp = TempDir::new("import");
+    let h = harness(tmp.path()).await;
+    let m = h.manifest().await.expect("manifest");
+    let importable: Vec<_> = m
+        .resource_types
+        .iter()
+        .filter(|t| t.importable)
+        .map(|t| t.r#type.as_str())
+        .collect();
+    assert_eq!(importable, ["local/directory", "local/file"]);
+    assert!(h.capabilities().import_resource);
+
+    std::fs::create_dir(tmp.join("d")).unwrap();
+    std::fs::write(tmp.join("d/f.txt"), "text\n").unwrap();
+    std::fs::set_permissions(tmp.join("d/f.txt"), PermissionsExt::from_mode(0o640)).unwrap();
+    let found = h
+        .import("local/file", "f", "d/f.txt")
+        .await
+        .expect("import")
+        .expect("found");
+    assert_eq!(
+        found.spec,
+        spec(serde_json::json!({"path": "d/f.txt", "content": "text\n", "mode": "0640"}))
+    );
+    assert_eq!(
+        found.external_id.as_deref(),
+        Some(tmp.s("d/f.txt").as_str())
+    );
+    // What import reported is what a read of the recorded resource reports: no drift.
+    let recorded = ResourceState {
+        resource_type: "local/file".into(),
+        name: "f".into(),
+        external_id: tmp.s("d/f.txt"),
+        spec: found.spec.clone(),
+        state: found.state.clone(),
+    };
+    let read = h.read(&recorded).await.expect("read").expect("exists");
+    assert_eq!(read.spec, found.spec);
+    assert_eq!(read.state, found.state);
+
+    let dir = h
+        .import("local/directory", "d", &tmp.s("d"))
+        .await
+        .expect("import")
+        .expect("found");
+    assert_eq!(
+        dir.spec.get("path").and_then(Value::as_str),
+        Some(tmp.s("d").as_str())
+    );
+    assert_eq!(
+        dir.state.get("created").and_then(Value::as_bool),
+        Some(true)
+    );
+
+    // Nothing there, a directory where a file was asked for, and text that cannot be carried.
+    assert_eq!(
+        h.import("local/file", "f", "nothing.txt")
+            .await
+            .expect("import"),
+        None
+    );
+    assert_eq!(
+        h.import("local/file", "f", "d").await.expect("import"),
+        None
+    );
+    std::fs::write(tmp.join("bin"), [0xff, 0xfe, 0x00]).unwrap();
+    let err = h
+        .import("local/file", "b", "bin")
+        .await
+        .expect_err("not UTF-8");
+    assert_eq!(err.class, ErrorClass::BadInput, "{err:?}");
+    // The root holds for imports too.
+    let err = h
+        .import("local/file", "x", "/etc/hostname")
+        .await
+        .expect_err("outside the root");
+    assert!(err.message.contains("root"), "{err:?}");
+    let err = h
+        .import("local/randomSecret", "s", "x")
+        .await
+        .expect_err("not importable");
+    assert!(err.message.contains("cannot be imported"), "{err:?}");
+}
