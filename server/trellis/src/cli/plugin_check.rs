@@ -8,7 +8,8 @@
 //! With a cases file (a YAML or JSON list of `{type, config?, spec, update?}`) it runs each
 //! case through a provider's life: validate, create, read (what was written must read back:
 //! a field that reads differently is phantom drift), a repeated create with the same
-//! idempotency key (no second resource), update, read, destroy, read (gone), destroy again.
+//! idempotency key (no second resource), update, read, destroy, read (gone), destroy again;
+//! an importable type's resource is also imported by its id and must read back as imported.
 //!
 //! Every finding names the check, the RPC and, where there is one, the field. The lifecycle
 //! checks launch the executable directly, as the engine would; the calls go through the
@@ -889,6 +890,12 @@ async fn run_case(
         &mut out,
     )
     .await;
+    if m.resource_types
+        .iter()
+        .any(|t| t.r#type == case.resource_type && t.importable)
+    {
+        import_back(client, &options(""), &current, &case.spec, &mut out).await;
+    }
     match create(None, spec.clone(), key.clone()).await {
         Ok(again) if again.external_id != created.external_id => {
             out.push(
@@ -1076,6 +1083,100 @@ async fn read_back(
             )
             .at(field),
         );
+    }
+}
+
+/// For an importable type: importing the resource just created by its id gives the id create
+/// gave, a spec with what the case wrote, and a spec that reads back as itself (so a
+/// blueprint carrying it would plan no change).
+async fn import_back(
+    client: &ProviderClient,
+    options: &CallOptions,
+    created: &pb::ResourceState,
+    written: &Json,
+    out: &mut Vec<Finding>,
+) {
+    let r = match client
+        .import_resource(
+            pb::ImportResourceRequest {
+                context: None,
+                resource_type: created.resource_type.clone(),
+                resource_name: created.resource_name.clone(),
+                external_id: created.external_id.clone(),
+            },
+            options,
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            out.push(Finding::new(
+                "ImportResource",
+                format!("importing what was just created: {}", describe(&e)),
+            ));
+            return;
+        }
+    };
+    if !r.exists {
+        out.push(
+            Finding::new(
+                "ImportResource",
+                format!(
+                    "the resource just created (`{}`) imports as missing",
+                    created.external_id
+                ),
+            )
+            .at("exists"),
+        );
+        return;
+    }
+    if !r.external_id.is_empty() && r.external_id != created.external_id {
+        out.push(
+            Finding::new(
+                "ImportResource",
+                format!(
+                    "import answered the id `{}` for what create called `{}`: answer the id as \
+                     create gives it",
+                    r.external_id, created.external_id
+                ),
+            )
+            .at("external_id"),
+        );
+    }
+    let imported = r
+        .spec
+        .as_ref()
+        .map(|v| values::to_json(v, Default::default()))
+        .unwrap_or(Json::Null);
+    let mut diffs = Vec::new();
+    phantom_drift(written, &imported, "spec", &mut diffs);
+    for (field, wrote, got) in diffs {
+        out.push(
+            Finding::new(
+                "ImportResource",
+                format!("created with {wrote}, imported as {got}: import must report the resource as it is"),
+            )
+            .at(field),
+        );
+    }
+    let recorded = pb::ResourceState {
+        spec: r.spec.clone(),
+        state: r.state.clone(),
+        ..created.clone()
+    };
+    let before = out.len();
+    read_back(
+        client,
+        options,
+        &recorded,
+        &imported,
+        "of the imported spec",
+        out,
+    )
+    .await;
+    for f in &mut out[before..] {
+        f.message
+            .push_str(" (a blueprint carrying the imported spec would not plan clean)");
     }
 }
 

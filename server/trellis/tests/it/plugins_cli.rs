@@ -259,9 +259,16 @@ fn plugins_check_passes_the_bundled_plugins() {
         "sim.yaml",
         "- type: sim/resource\n  spec: {payload: {a: 1}}\n  update: {payload: {a: 2}}\n",
     );
+    // Absolute paths: both types are importable, and the check imports what it created by its
+    // id (the absolute path), which import reports in `path` as given.
+    let at = |name: &str| root.join(name).to_str().unwrap().to_owned();
     let local_cases = write(
         "local.yaml",
-        "- type: local/file\n  spec: {path: checked.txt, content: \"hello\\n\", mode: \"0640\"}\n  update: {path: checked.txt, content: \"bye\\n\", mode: \"0600\"}\n- type: local/directory\n  spec: {path: checked-dir}\n",
+        &format!(
+            "- type: local/file\n  spec: {{path: {f}, content: \"hello\\n\", mode: \"0640\"}}\n  update: {{path: {f}, content: \"bye\\n\", mode: \"0600\"}}\n- type: local/directory\n  spec: {{path: {d}, mode: \"0750\"}}\n",
+            f = at("checked.txt"),
+            d = at("checked-dir"),
+        ),
     );
     // sim remembers what exists only in its journal.
     let journal = root.join("journal.txt");
