@@ -9,8 +9,9 @@ from .values import to_path
 
 class Resource:
     """One resource type. Subclass it, set `type_name` and `fields`, and implement `apply`
-    and `destroy`; `validate` and `read` are optional (`read` enables drift detection, and
-    declares the provider's `read_resource` capability)."""
+    and `destroy`; `validate`, `read` and `import_resource` are optional (`read` enables
+    drift detection and declares the provider's `read_resource` capability;
+    `import_resource` makes the type importable)."""
 
     type_name = ""        # "<namespace>/<type>", e.g. "kv/entry"
     description = ""
@@ -37,6 +38,13 @@ class Resource:
         """The resource as it exists now: Found(spec, state), or None when it is gone.
         Read only. Not overriding it means the provider cannot report drift."""
         raise NotImplementedError(f"{self.type_name}: read")
+
+    def import_resource(self, ctx, external_id, name):
+        """An existing resource found by the id a user gave (`trellis import`), as a
+        blueprint would declare it: Found(spec with every field a blueprint sets, state,
+        external_id as apply gives it), or None when there is none. Read only. Overriding
+        it declares the type importable (and the provider's `import_resource` capability)."""
+        raise NotImplementedError(f"{self.type_name}: import_resource")
 
 
 class Provider:

@@ -61,6 +61,7 @@ class Declaration:
                 plugin_pb2.ResourceTypeDef(
                     type=r.type_name, description=r.description,
                     spec_schema=object_schema(r.fields, r.description),
+                    importable=_importable(r),
                 )
                 for r in self.resources.values()
             ],
@@ -71,6 +72,7 @@ class Declaration:
         self.capabilities = plugin_pb2.Capabilities(
             # Python can see whether a method was overridden, so nobody has to say it.
             read_resource=any(type(r).read is not Resource.read for r in self.resources.values()),
+            import_resource=any(_importable(r) for r in self.resources.values()),
             functions=bool(self.functions),
             # Every call's ctx.cancelled follows Cancel.
             cancel=True,
@@ -140,6 +142,10 @@ class PluginService(plugin_pb2_grpc.PluginServicer):
 
     def GetManifest(self, request, context):
         return self._decl.manifest
+
+
+def _importable(r):
+    return type(r).import_resource is not Resource.import_resource
 
 
 def _state_of(rs):
@@ -363,6 +369,29 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
         result, err = self._run("ReadResource", cur.resource_name, ctx, read)
         if err is not None:
             return plugin_pb2.ReadResourceResponse(error=err.to_proto())
+        return result
+
+    def ImportResource(self, request, context):
+        ctx = self._context(request.context, context)
+
+        def find(c):
+            r = self._resource(request.resource_type)
+            if not _importable(r):
+                raise BadInput(f"{r.type_name} cannot be imported (the type is not declared importable)")
+            found = r.import_resource(c, request.external_id, request.resource_name)
+            if found is None:
+                return plugin_pb2.ImportResourceResponse(exists=False)
+            if not isinstance(found, Found):
+                raise TypeError(f"{r.type_name}: import_resource must return Found or None")
+            declared = sensitive_field_paths(r.fields)
+            return plugin_pb2.ImportResourceResponse(
+                exists=True, spec=_marked(found.spec, declared), state=_marked(found.state, declared),
+                external_id=found.external_id or request.external_id,
+            )
+
+        result, err = self._run("ImportResource", request.resource_name, ctx, find)
+        if err is not None:
+            return plugin_pb2.ImportResourceResponse(error=err.to_proto())
         return result
 
     def CallFunction(self, request, context):

@@ -111,6 +111,13 @@ class Harness:
             plugin_pb2.ReadResourceRequest(context=self.call_context(**ctx), current=current),
             timeout=TIMEOUT)
 
+    def import_resource(self, resource_type, name, external_id, **ctx):
+        return self.provider.ImportResource(
+            plugin_pb2.ImportResourceRequest(context=self.call_context(**ctx),
+                                             resource_type=resource_type, resource_name=name,
+                                             external_id=external_id),
+            timeout=TIMEOUT)
+
     def destroy(self, current, **ctx):
         return self.provider.DestroyResource(
             plugin_pb2.DestroyResourceRequest(context=self.call_context(**ctx), current=current),

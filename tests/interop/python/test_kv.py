@@ -208,6 +208,7 @@ def test_manifest_and_capabilities():
         assert hs.protocol_version == 1 and hs.plugin.name == "t" and hs.plugin.version == "1.2.3"
         caps = hs.capabilities
         assert caps.functions and caps.cancel and not caps.read_resource, caps  # Probe has no read
+        assert not caps.import_resource and not any(t.importable for t in h.manifest().resource_types)
         m = h.manifest()
         assert m.SerializeToString(deterministic=True) == h.manifest().SerializeToString(deterministic=True)
         (rt,) = m.resource_types
@@ -230,8 +231,9 @@ def test_manifest_and_capabilities():
                 assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
     with Harness(KV()) as h:
         caps = h.handshake().capabilities
-        assert caps.read_resource and not caps.functions
+        assert caps.read_resource and caps.import_resource and not caps.functions
         (rt,) = h.manifest().resource_types
+        assert rt.importable
         flags = {f.name: (f.required, f.computed, f.must_recreate) for f in rt.spec_schema.fields}
         assert flags == {"key": (True, False, True), "value": (True, False, False),
                          "path": (False, True, False)}, flags
@@ -417,6 +419,12 @@ def test_kv_in_process():
             assert not h.destroy(current).HasField("error") and not os.path.exists(path)
             assert not h.destroy(current).HasField("error"), "destroying twice is fine"
             assert not h.read(current).exists
+            with open(os.path.join(d, "byhand"), "w") as f:
+                f.write("v")
+            imp = h.import_resource("kv/entry", "h", "byhand")
+            assert imp.exists and imp.external_id == "byhand", imp
+            assert from_value(imp.spec) == {"key": "byhand", "value": "v"}, imp
+            assert not h.import_resource("kv/entry", "h", "missing").exists
             _, r = h.apply("kv/entry", "b", {"key": "../x", "value": "v"})
             assert error_class(r.error) == types_pb2.ERROR_CLASS_BAD_INPUT and from_path(r.error.path) == ["key"]
             (diag,) = h.validate("kv/entry", {"key": "../x", "value": "v"})
@@ -728,6 +736,21 @@ def test_engine_deploy_drift_destroy():
         code, doc, err = cli("destroy", "--instance", "kv-e2e")
         assert code == 0 and doc["operation"]["status"] == "SUCCEEDED", f"{code} {doc} {err}"
         assert not os.path.exists(path), "destroy left the file"
+
+        # An entry made by hand is imported by its key; the spec printed plans no change.
+        with open(os.path.join(entries, "byhand"), "w") as f:
+            f.write("kept")
+        code, doc, err = cli("import", "byhand", "--instance", "kv-import", "--type", "kv/entry",
+                             "--id", "byhand")
+        assert code == 0 and doc["operation"]["status"] == "SUCCEEDED", f"{code} {doc} {err}"
+        assert doc["resource"]["spec"] == {"key": "byhand", "value": "kept"}, doc
+        imported = os.path.join(tmp, "imported.yaml")
+        with open(imported, "w") as f:
+            f.write("version: 2023-04-20\nresources:\n  byhand:\n    type: kv/entry\n"
+                    "    spec:\n      key: byhand\n      value: kept\n")
+        code, doc, err = cli("plan", imported, "--instance", "kv-import")
+        assert code == 0, f"{code} {doc} {err}"
+        assert [r["action"] for r in doc["changeSet"]["resources"]] == ["NO_CHANGE"], doc
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=EXIT_TIMEOUT) == 0

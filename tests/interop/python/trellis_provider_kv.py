@@ -4,14 +4,14 @@
 Resource type `kv/entry`: spec `key` and `value` (strings); each entry is the file
 <dir>/<key> holding the value. `dir` comes from the provider config, else
 $XDG_STATE_HOME/trellis-kv (~/.local/state/trellis-kv). Read reports drift (an edited or
-removed file); destroying twice is fine.
+removed file); destroying twice is fine; an entry made by hand is imported by its key.
 """
 
 import os
 import re
 
 from trellis_plugin import (Applied, BadInput, Diagnostic, Field, Found, Provider, Resource,
-                            String, serve)
+                            ResourceState, String, serve)
 
 # A key is a file name: nothing that could leave the directory or hide in it.
 KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
@@ -68,6 +68,10 @@ class Entry(Resource):
         except FileNotFoundError:
             return None
         return Found(spec={"key": key, "value": value}, state={"path": path}, external_id=key)
+
+    def import_resource(self, ctx, external_id, name):
+        # The id is the key, and read finds the whole entry from it.
+        return self.read(ctx, ResourceState(self.type_name, name, external_id, {}, {}))
 
     def destroy(self, ctx, current):
         try:
