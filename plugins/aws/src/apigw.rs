@@ -223,6 +223,59 @@ async fn current_api(ctx: &Context, c: &Clients, current: &ResourceState) -> Res
     }
 }
 
+/// The names of the API's stages.
+async fn stages(c: &Clients, id: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut next: Option<String> = None;
+    loop {
+        let page = c
+            .apigw
+            .get_stages()
+            .api_id(id)
+            .set_next_token(next.take())
+            .send()
+            .await
+            .map_err(|e| sdk(format!("listing the stages of API {id}"), e))?;
+        out.extend(
+            page.items()
+                .iter()
+                .filter_map(|s| s.stage_name().map(str::to_owned)),
+        );
+        match page.next_token() {
+            Some(n) if !n.is_empty() => next = Some(n.to_owned()),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// The API (and stage, when named) an import id names: the API's id, its ARN
+/// (`arn:aws:apigateway:<region>::/apis/<id>`), a stage's ARN (`.../apis/<id>/stages/<name>`)
+/// or the API's endpoint URL (`https://<id>.execute-api.<region>.amazonaws.com`).
+async fn parse_import_id<'a>(c: &Clients, id: &'a str) -> Result<(&'a str, Option<&'a str>)> {
+    if let Some(arn) = common::import_arn(c, id, "apigateway").await? {
+        let parts: Vec<&str> = arn.resource.split('/').collect();
+        return match parts.as_slice() {
+            ["", "apis", api] if !api.is_empty() => Ok((api, None)),
+            ["", "apis", api, "stages", stage] if !api.is_empty() && !stage.is_empty() => {
+                Ok((api, Some(stage)))
+            }
+            _ => Err(PluginError::bad_input(format!(
+                "`{id}` is not an HTTP API's ARN (`arn:aws:apigateway:<region>::/apis/<id>`)"
+            ))),
+        };
+    }
+    if let Some((_, rest)) = id.split_once("://") {
+        let host = rest.split(['/', ':']).next().unwrap_or_default();
+        return match host.split_once(".execute-api.") {
+            Some((api, _)) if !api.is_empty() => Ok((api, None)),
+            _ => Err(PluginError::bad_input(format!(
+                "`{id}` is not an API's endpoint (`https://<id>.execute-api.<region>.amazonaws.com`)"
+            ))),
+        };
+    }
+    Ok((id, None))
+}
+
 async fn stage_exists(c: &Clients, id: &str, stage: &str) -> Result<bool> {
     match c
         .apigw
@@ -471,7 +524,7 @@ impl Resource for Api {
     }
 
     fn description(&self) -> &str {
-        "An API Gateway HTTP API and its stage."
+        "An API Gateway HTTP API and its stage. Importable by its id, ARN or endpoint URL (an API with one stage, or a `$default` stage), or by a stage's ARN."
     }
 
     fn schema(&self) -> Schema {
@@ -634,6 +687,57 @@ impl Resource for Api {
             state: state(&c, &have.id, have.endpoint.as_deref()).await?,
             external_id: Some(have.id),
         }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the API's id, ARN or endpoint URL, or a stage's ARN; the external id is the API's
+    /// id. The resource serves the API from one stage (`stageName`, `$default` when not set):
+    /// the stage the id names, else `$default` when the API has it, else its only stage. An
+    /// API without a stage, or with several and none chosen, is refused: a spec without the
+    /// right `stageName` would create a stage.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the API's id, ARN or endpoint URL, or a stage's ARN")?;
+        let (api, stage) = parse_import_id(&c, id).await?;
+        let Some(have) = get(&c, api).await? else {
+            return Ok(None);
+        };
+        if have.protocol != "HTTP" {
+            return Err(PluginError::bad_input(format!(
+                "API {api} is a {} API; {} supports HTTP APIs only",
+                have.protocol, req.resource_type
+            )));
+        }
+        let all = stages(&c, api).await?;
+        let stage = match stage {
+            Some(s) if all.iter().any(|a| a == s) => s.to_owned(),
+            // The stage named is not there: nothing to import.
+            Some(_) => return Ok(None),
+            None if all.iter().any(|a| a == DEFAULT_STAGE) => DEFAULT_STAGE.to_owned(),
+            None => match all.as_slice() {
+                [one] => one.clone(),
+                [] => {
+                    return Err(PluginError::bad_input(format!(
+                        "API {api} has no stage, and {} serves its API from one: create a stage first",
+                        req.resource_type
+                    )));
+                }
+                many => {
+                    return Err(PluginError::bad_input(format!(
+                        "API {api} has the stages {}: import it by the ARN of the one to serve it from (arn:{}:apigateway:{}::/apis/{api}/stages/<name>)",
+                        many.join(", "),
+                        c.partition(),
+                        c.region
+                    )));
+                }
+            },
+        };
+        let hint = Value::map().with("stageName", stage);
+        self.read(ctx, &common::import_state(req, &have.id, hint))
+            .await
     }
 }
 

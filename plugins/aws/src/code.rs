@@ -4,7 +4,10 @@
 //! - a local `.zip` file: sent as is;
 //! - a local directory: packed into a zip that depends on the files alone (entries sorted
 //!   by path, every timestamp 1980-01-01, file modes kept, paths relative to the
-//!   directory), so unchanged code has the same sha256 and is not uploaded again.
+//!   directory), so unchanged code has the same sha256 and is not uploaded again;
+//! - `deployed://<CodeSha256>`: the code an existing function has now, kept as it is and
+//!   never uploaded. Import reports it, as Lambda keeps no trace of where code came from;
+//!   a new function, or new code, needs one of the forms above.
 //!
 //! `codeUri` is a `local_asset` field: under the engine, a path the blueprint writes reaches
 //! the provider as `asset:sha256:<hex>/<name>`, with the path of the engine's copy of the
@@ -34,11 +37,21 @@ pub struct S3Location {
     pub version: Option<String>,
 }
 
+/// What a `codeUri` naming the code a function has now starts with.
+pub const DEPLOYED: &str = "deployed://";
+
+/// The `codeUri` that keeps the code whose sha256 (base64, Lambda's `CodeSha256`) is `sha`.
+pub fn deployed_uri(sha: &str) -> String {
+    format!("{DEPLOYED}{sha}")
+}
+
 #[derive(Clone, PartialEq, Eq)]
 pub enum Package {
     /// The zip's bytes, to send with the request.
     Zip(Vec<u8>),
     S3(S3Location),
+    /// The code a function has now, by its sha256: nothing to send.
+    Deployed(String),
 }
 
 /// A code package and its sha256.
@@ -55,6 +68,7 @@ impl std::fmt::Debug for Package {
         match self {
             Package::Zip(b) => write!(f, "Zip({} bytes)", b.len()),
             Package::S3(l) => write!(f, "S3({l:?})"),
+            Package::Deployed(sha) => write!(f, "Deployed({sha})"),
         }
     }
 }
@@ -62,6 +76,17 @@ impl std::fmt::Debug for Package {
 /// The package `uri` names (`ctx` holds the local assets the engine sent). Errors are
 /// BAD_INPUT (the caller puts them at its field).
 pub async fn load(ctx: &Context, uri: &str) -> Result<Code> {
+    if let Some(sha) = uri.strip_prefix(DEPLOYED) {
+        if sha.is_empty() {
+            return Err(PluginError::bad_input(format!(
+                "`{uri}`: write {DEPLOYED}<CodeSha256> (the sha256 Lambda reports for the code)"
+            )));
+        }
+        return Ok(Code {
+            package: Package::Deployed(sha.to_owned()),
+            sha256: Some(sha.to_owned()),
+        });
+    }
     if let Some(rest) = uri.strip_prefix("s3://") {
         return Ok(Code {
             package: Package::S3(parse_s3(rest).ok_or_else(|| {
@@ -80,7 +105,7 @@ pub async fn load(ctx: &Context, uri: &str) -> Result<Code> {
         })?
     } else if uri.contains("://") {
         return Err(PluginError::bad_input(format!(
-            "`{uri}`: write s3://bucket/key, or a path relative to the blueprint (the client sends its content)"
+            "`{uri}`: write s3://bucket/key, a path relative to the blueprint (the client sends its content), or {DEPLOYED}<CodeSha256> for the code a function has"
         )));
     } else {
         PathBuf::from(uri)

@@ -9,6 +9,8 @@
 use sha2::{Digest, Sha256};
 use trellis_plugin_sdk::prelude::*;
 
+use crate::config::Clients;
+
 pub const TAG_INSTANCE: &str = "trellis:instance";
 pub const TAG_RESOURCE: &str = "trellis:resource";
 
@@ -231,6 +233,94 @@ pub fn json_value(text: &str) -> Value {
         .map_or_else(|_| Value::from(text), Value::from_json)
 }
 
+/// An ARN's parts: `arn:<partition>:<service>:<region>:<account>:<resource>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arn<'a> {
+    pub partition: &'a str,
+    pub service: &'a str,
+    /// Empty for global services (IAM, S3).
+    pub region: &'a str,
+    /// Empty for S3 buckets.
+    pub account: &'a str,
+    /// Everything after the account (it may hold `:` and `/`).
+    pub resource: &'a str,
+}
+
+impl<'a> Arn<'a> {
+    pub fn parse(s: &'a str) -> Option<Arn<'a>> {
+        let mut parts = s.splitn(6, ':');
+        if parts.next()? != "arn" {
+            return None;
+        }
+        let arn = Arn {
+            partition: parts.next()?,
+            service: parts.next()?,
+            region: parts.next()?,
+            account: parts.next()?,
+            resource: parts.next()?,
+        };
+        (!arn.service.is_empty() && !arn.resource.is_empty()).then_some(arn)
+    }
+}
+
+/// The id an import was given, trimmed; BAD_INPUT when empty (`forms` says what to give).
+pub fn import_id<'a>(req: &'a ImportRequest, forms: &str) -> Result<&'a str> {
+    let id = req.external_id.trim();
+    if id.is_empty() {
+        return Err(PluginError::bad_input(format!(
+            "importing {}: give {forms}",
+            req.resource_type
+        )));
+    }
+    Ok(id)
+}
+
+/// `id` as an ARN of `service` when it is one (None when it does not start with `arn:`).
+/// The provider manages one partition, region and account: an ARN naming others (or another
+/// service, or malformed) is BAD_INPUT rather than "not found", so a wrong id says why.
+pub async fn import_arn<'a>(c: &Clients, id: &'a str, service: &str) -> Result<Option<Arn<'a>>> {
+    if !id.starts_with("arn:") {
+        return Ok(None);
+    }
+    let bad = |why: String| Err(PluginError::bad_input(format!("`{id}`: {why}")));
+    let Some(arn) = Arn::parse(id) else {
+        return bad("not a well-formed ARN".to_owned());
+    };
+    if arn.service != service {
+        return bad(format!("an ARN of {}, not of {service}", arn.service));
+    }
+    if arn.partition != c.partition() || (!arn.region.is_empty() && arn.region != c.region) {
+        return bad(format!(
+            "the provider is configured for region {} (partition {})",
+            c.region,
+            c.partition()
+        ));
+    }
+    if !arn.account.is_empty() {
+        let account = c.account().await?;
+        if arn.account != account {
+            return bad(format!(
+                "of account {}, while the provider's credentials are of account {account}",
+                arn.account
+            ));
+        }
+    }
+    Ok(Some(arn))
+}
+
+/// The resource import reads through the type's read: `external_id` in the form create
+/// reports, and `hint`, a spec with what read needs to find the resource (its name) or to
+/// report a field in full (read reports some fields only when the applied spec has them).
+pub fn import_state(req: &ImportRequest, external_id: &str, hint: Value) -> ResourceState {
+    ResourceState {
+        resource_type: req.resource_type.clone(),
+        name: req.name.clone(),
+        external_id: external_id.to_owned(),
+        spec: hint,
+        state: Value::Null,
+    }
+}
+
 /// The error for a spec whose field must be set.
 pub fn missing(spec: &Spec<'_>, key: &str) -> PluginError {
     PluginError::bad_input(format!("`{key}` is required")).at(spec.path_of(key))
@@ -269,6 +359,20 @@ mod tests {
         assert_eq!(owner(&ctx, "q", &tags), Owner::Ours);
         assert!(matches!(owner(&ctx, "other", &tags), Owner::Other(_)));
         assert_eq!(owner(&ctx, "q", &[]), Owner::Nobody);
+    }
+
+    #[test]
+    fn arns() {
+        let a = Arn::parse("arn:aws:iam::123:role/path/r").expect("arn");
+        assert_eq!(
+            (a.service, a.region, a.account, a.resource),
+            ("iam", "", "123", "role/path/r")
+        );
+        let a = Arn::parse("arn:aws:lambda:us-east-1:1:function:f:live").expect("arn");
+        assert_eq!(a.resource, "function:f:live");
+        assert_eq!(Arn::parse("arn:aws:s3:::b").map(|a| a.resource), Some("b"));
+        assert_eq!(Arn::parse("arn:aws:s3"), None);
+        assert_eq!(Arn::parse("queue-name"), None);
     }
 
     #[test]

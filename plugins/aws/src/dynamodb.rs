@@ -1615,7 +1615,7 @@ impl Resource for Table {
     }
 
     fn description(&self) -> &str {
-        "A DynamoDB table."
+        "A DynamoDB table. Importable by its name or ARN."
     }
 
     fn schema(&self) -> Schema {
@@ -1817,6 +1817,50 @@ impl Resource for Table {
             spec: spec_of(&obs, &tags, &current.spec()),
             state: state(&d),
             external_id: Some(name),
+        }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the table's name or ARN (`arn:aws:dynamodb:<region>:<account>:table/<name>`); the
+    /// external id is its name.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the table's name or ARN")?;
+        let name = match common::import_arn(&c, id, "dynamodb").await? {
+            Some(arn) => match arn.resource.strip_prefix("table/") {
+                Some(n) if !n.is_empty() && !n.contains('/') => n,
+                _ => {
+                    return Err(PluginError::bad_input(format!(
+                        "`{id}` is not a table's ARN (`arn:aws:dynamodb:<region>:<account>:table/<name>`)"
+                    )));
+                }
+            },
+            None => id,
+        };
+        let Some(d) = describe(&c, name).await? else {
+            return Ok(None);
+        };
+        if d.table_status() == Some(&t::TableStatus::Deleting) {
+            return Ok(None);
+        }
+        let tags = tags_of(&c, d.table_arn().unwrap_or_default()).await?;
+        let obs = observe(&c, &d).await?;
+        // Read reports the encryption's type and key only when the applied spec names them
+        // (a blueprint may name the key by alias); an import names them as AWS does.
+        let mut hint = Value::map();
+        if let Some(sse) = obs.sse.as_ref().filter(|s| s.enabled) {
+            let mut v = Value::map();
+            common::put(&mut v, "sseType", sse.kind.as_deref());
+            common::put(&mut v, "kmsMasterKeyId", sse.key.as_deref());
+            hint.insert("sseSpecification", v);
+        }
+        Ok(Some(ReadState {
+            spec: spec_of(&obs, &tags, &Spec::new(&hint)),
+            state: state(&d),
+            external_id: Some(obs.name.clone()),
         }))
     }
 }

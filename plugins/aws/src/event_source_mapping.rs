@@ -371,7 +371,7 @@ impl Resource for EventSourceMapping {
     }
 
     fn description(&self) -> &str {
-        "A queue or stream that invokes a Lambda function with batches of its records."
+        "A queue or stream that invokes a Lambda function with batches of its records. Importable by its UUID or ARN."
     }
 
     fn schema(&self) -> Schema {
@@ -546,6 +546,32 @@ impl Resource for EventSourceMapping {
             state: state(&m),
             external_id: Some(m.uuid.clone()),
         }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the mapping's UUID or ARN (`arn:aws:lambda:<region>:<account>:event-source-mapping:
+    /// <uuid>`); the external id is its UUID. `functionName` is the function's ARN, as Lambda
+    /// reports it.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the mapping's UUID or ARN")?;
+        let uuid = match common::import_arn(&c, id, "lambda").await? {
+            Some(arn) => arn
+                .resource
+                .strip_prefix("event-source-mapping:")
+                .filter(|u| !u.is_empty())
+                .ok_or_else(|| {
+                    PluginError::bad_input(format!(
+                        "`{id}` is not an event source mapping's ARN (`arn:aws:lambda:<region>:<account>:event-source-mapping:<uuid>`)"
+                    ))
+                })?,
+            None => id,
+        };
+        self.read(ctx, &common::import_state(req, uuid, Value::map()))
+            .await
     }
 }
 

@@ -291,7 +291,7 @@ impl Resource for Rule {
     }
 
     fn description(&self) -> &str {
-        "An EventBridge rule (an event pattern or a schedule); targets come through links."
+        "An EventBridge rule (an event pattern or a schedule); targets come through links. Importable by its ARN, its name (on the default bus) or `<bus>|<name>`."
     }
 
     fn schema(&self) -> Schema {
@@ -487,6 +487,36 @@ impl Resource for Rule {
             state: state(&arn),
             external_id: Some(arn),
         }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the rule's ARN (`arn:aws:events:<region>:<account>:rule/[<bus>/]<name>`), its name
+    /// (a rule of the default bus) or `<bus>|<name>` (CloudFormation's id of a rule of another
+    /// bus); the external id is its ARN, as create reports it. Targets are not part of the
+    /// spec (links add them).
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the rule's ARN, name or <bus>|<name>")?;
+        let (bus, name) = match common::import_arn(&c, id, "events").await? {
+            Some(arn) => {
+                let path = arn.resource.strip_prefix("rule/").ok_or_else(|| {
+                    PluginError::bad_input(format!(
+                        "`{id}` is not a rule's ARN (`arn:aws:events:<region>:<account>:rule/<name>`)"
+                    ))
+                })?;
+                path.rsplit_once('/').unwrap_or((DEFAULT_BUS, path))
+            }
+            None => id.split_once('|').unwrap_or((DEFAULT_BUS, id)),
+        };
+        let Some(arn) = describe(&c, name, bus).await?.and_then(|f| f.arn) else {
+            return Ok(None);
+        };
+        // Read finds the rule by the name and bus in the spec.
+        let hint = Value::map().with("name", name).with("eventBusName", bus);
+        self.read(ctx, &common::import_state(req, &arn, hint)).await
     }
 }
 

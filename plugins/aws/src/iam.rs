@@ -690,7 +690,7 @@ impl Resource for Role {
     }
 
     fn description(&self) -> &str {
-        "An IAM role with its trust policy, managed and inline policies."
+        "An IAM role with its trust policy, managed and inline policies. Importable by its name or ARN."
     }
 
     fn schema(&self) -> Schema {
@@ -943,6 +943,28 @@ impl Resource for Role {
             state: state(&role),
             external_id: Some(name),
         }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the role's name or ARN (`arn:aws:iam::<account>:role/<path><name>`); the external id
+    /// is its name. Inline policies named `trellis-...` belong to links and are left out, as
+    /// read leaves them out.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the role's name or ARN")?;
+        let name = match common::import_arn(&c, id, "iam").await? {
+            Some(_) => role_name_of_arn(id).ok_or_else(|| {
+                PluginError::bad_input(format!(
+                    "`{id}` is not a role's ARN (`arn:aws:iam::<account>:role/<name>`)"
+                ))
+            })?,
+            None => id,
+        };
+        self.read(ctx, &common::import_state(req, name, Value::map()))
+            .await
     }
 }
 

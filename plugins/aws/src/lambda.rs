@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_sdk_lambda::types::{
-    Architecture, Environment, FunctionCode, FunctionConfiguration, LastUpdateStatus, Runtime,
-    TracingConfig, TracingMode,
+    Architecture, Environment, FunctionCode, FunctionConfiguration, LastUpdateStatus, PackageType,
+    Runtime, TracingConfig, TracingMode,
 };
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
@@ -379,8 +379,8 @@ fn config_differs(
         || cfg.role.as_deref() != Some(role)
 }
 
-fn function_code(code: &Code) -> FunctionCode {
-    match &code.package {
+fn function_code(code: &Code) -> Result<FunctionCode> {
+    Ok(match &code.package {
         Package::Zip(bytes) => FunctionCode::builder()
             .zip_file(Blob::new(bytes.clone()))
             .build(),
@@ -389,7 +389,14 @@ fn function_code(code: &Code) -> FunctionCode {
             .s3_key(&at.key)
             .set_s3_object_version(at.version.clone())
             .build(),
-    }
+        Package::Deployed(sha) => {
+            return Err(PluginError::bad_input(format!(
+                "`codeUri` {} names code a function already has: there is nothing to upload; give the code's source (a directory, a .zip file or s3://bucket/key)",
+                code::deployed_uri(sha)
+            ))
+            .at("codeUri"));
+        }
+    })
 }
 
 async fn load_code(ctx: &Context, spec: &Spec<'_>) -> Result<Code> {
@@ -407,6 +414,7 @@ async fn code_sha(c: &Clients, code: &Code) -> Result<String> {
         (None, Package::S3(at)) => code::s3_sha256(&c.s3, at)
             .await
             .map_err(|e| e.at("codeUri")),
+        (None, Package::Deployed(sha)) => Ok(sha.clone()),
     }
 }
 
@@ -518,8 +526,20 @@ async fn converge(
     let sha = code_sha(c, code).await?;
     if cfg.code_sha256.as_deref() != Some(sha.as_str()) || architecture_now(&cfg) != s.architecture
     {
+        if let Package::Deployed(sha) = &code.package {
+            // Nothing to upload: the code pinned is not there, or must go up again.
+            let why = match cfg.code_sha256.as_deref() {
+                Some(now) if now != sha => format!("its code is now CodeSha256 {now}"),
+                _ => "changing `architectures` uploads the code again".to_owned(),
+            };
+            return Err(PluginError::bad_input(format!(
+                "`codeUri` {} keeps the code function {name} has, but {why}: give the code's source (a directory, a .zip file or s3://bucket/key)",
+                code::deployed_uri(sha)
+            ))
+            .at("codeUri"));
+        }
         ctx.progress(format!("updating the code of function {name}"), None);
-        let f = function_code(code);
+        let f = function_code(code)?;
         let call = c
             .lambda
             .update_function_code()
@@ -789,7 +809,7 @@ impl Resource for Function {
     }
 
     fn description(&self) -> &str {
-        "A Lambda function from a zip package (a directory, a .zip file or an S3 object)."
+        "A Lambda function from a zip package (a directory, a .zip file or an S3 object). Importable by its name or ARN (zip packages only); its code imports as `deployed://<CodeSha256>`."
     }
 
     fn schema(&self) -> Schema {
@@ -797,7 +817,7 @@ impl Resource for Function {
         Schema::object()
             .describe("A Lambda function; fields as CloudFormation's AWS::Lambda::Function in lowerCamelCase, with `codeUri`, `tracing` and `environment.variables` as the specification writes them")
             .field("functionName", Field::string().must_recreate().describe("Up to 64 letters, digits, `-` and `_`. Derived from the instance and resource name when not set."))
-            .field("codeUri", Field::string().required().local_asset().describe("The code: `s3://bucket/key` (with `?versionId=...` for one version), or a `.zip` file or a directory (packed into a zip) relative to the blueprint, whose content the client sends with the plan"))
+            .field("codeUri", Field::string().required().local_asset().describe("The code: `s3://bucket/key` (with `?versionId=...` for one version), or a `.zip` file or a directory (packed into a zip) relative to the blueprint, whose content the client sends with the plan. `deployed://<CodeSha256>` (what import reports) keeps the code the function has; an update fails if that code changed, or to change `architectures`."))
             .field("handler", Field::string().describe("The function's entry point, like `save_order.handler`"))
             .field("runtime", Field::string().describe("The runtime, like `python3.12` or `nodejs20.x`"))
             .field("tracing", Field::string().allowed(["Active", "PassThrough"]).describe("X-Ray tracing: Active or PassThrough (the default)"))
@@ -961,6 +981,8 @@ impl Resource for Function {
             )?;
             return converge(ctx, &c, &name, &req.name, &spec, None, None, &code).await;
         }
+        // Before anything is made (an owned role): `deployed://` has nothing to upload.
+        let package = function_code(&code)?;
         let (role, owned) = role_for(ctx, &c, &spec, &name, &req.name).await?;
         // A failure from here on records the owned role, so it is not orphaned.
         let mut recorded = Value::map().with("roleArn", role.as_str());
@@ -973,7 +995,7 @@ impl Resource for Function {
             .create_function()
             .function_name(&name)
             .role(&role)
-            .code(function_code(&code))
+            .code(package)
             .set_handler(s.handler.clone())
             .set_runtime(s.runtime.as_deref().map(Runtime::from))
             .timeout(s.timeout)
@@ -1117,6 +1139,62 @@ impl Resource for Function {
             spec: spec_of(&found, cfg, &spec, applied_sha),
             state: state(cfg, owned.as_deref()),
             external_id: Some(name),
+        }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the function's name or ARN (not a version's or alias's); the external id is its
+    /// name. Lambda keeps no trace of where the code came from, so `codeUri` is
+    /// `deployed://<CodeSha256>`: the code it has, kept as is (see [`crate::code`]). `role` is
+    /// the role it runs as (an imported function owns none), and its environment variables'
+    /// values are marked sensitive, as any may be a secret.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the function's name or ARN")?;
+        let name = match common::import_arn(&c, id, "lambda").await? {
+            Some(arn) => match arn.resource.strip_prefix("function:") {
+                Some(n) if !n.is_empty() && !n.contains(':') => n,
+                Some(_) => {
+                    return Err(PluginError::bad_input(format!(
+                        "`{id}` names a version or alias; give the function's name or unqualified ARN"
+                    )));
+                }
+                None => {
+                    return Err(PluginError::bad_input(format!(
+                        "`{id}` is not a function's ARN (`arn:aws:lambda:<region>:<account>:function:<name>`)"
+                    )));
+                }
+            },
+            None if id.contains(':') => {
+                return Err(PluginError::bad_input(format!(
+                    "`{id}`: give the function's name or its ARN"
+                )));
+            }
+            None => id,
+        };
+        let Some(found) = get_function(&c, name).await? else {
+            return Ok(None);
+        };
+        let Some(cfg) = found.configuration.as_ref() else {
+            return Ok(None);
+        };
+        if cfg.package_type == Some(PackageType::Image) {
+            return Err(PluginError::bad_input(format!(
+                "function {name} runs a container image; {} deploys zip packages only",
+                req.resource_type
+            )));
+        }
+        let sha = cfg.code_sha256.as_deref().unwrap_or_default();
+        // Read reports `codeUri` and `role` only when the applied spec has them.
+        let mut hint = Value::map().with("codeUri", code::deployed_uri(sha));
+        common::put(&mut hint, "role", cfg.role.as_deref());
+        Ok(Some(ReadState {
+            spec: spec_of(&found, cfg, &Spec::new(&hint), Some(sha)),
+            state: state(cfg, None),
+            external_id: Some(cfg.function_name.clone().unwrap_or_else(|| name.to_owned())),
         }))
     }
 }

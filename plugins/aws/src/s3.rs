@@ -487,7 +487,7 @@ impl Resource for Bucket {
     }
 
     fn description(&self) -> &str {
-        "An S3 bucket."
+        "An S3 bucket. Importable by its name, ARN or `s3://` URI."
     }
 
     fn schema(&self) -> Schema {
@@ -759,6 +759,29 @@ impl Resource for Bucket {
             state: state(&c, &name),
             external_id: Some(name),
         }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the bucket's name, ARN (`arn:aws:s3:::<name>`) or `s3://<name>`; the external id is
+    /// its name. `forceDestroy` is not AWS's and is left out (destroy keeps a bucket that is
+    /// not empty).
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the bucket's name, ARN or s3:// URI")?;
+        let name = match common::import_arn(&c, id, "s3").await? {
+            Some(arn) => arn.resource,
+            None => id.strip_prefix("s3://").unwrap_or(id).trim_end_matches('/'),
+        };
+        if name.contains('/') {
+            return Err(PluginError::bad_input(format!(
+                "`{id}` names an object; give the bucket's name"
+            )));
+        }
+        let hint = Value::map().with("bucketName", name);
+        self.read(ctx, &common::import_state(req, name, hint)).await
     }
 }
 

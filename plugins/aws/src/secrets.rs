@@ -426,7 +426,7 @@ impl Resource for Secret {
     }
 
     fn description(&self) -> &str {
-        "A Secrets Manager secret."
+        "A Secrets Manager secret. Importable by its name or ARN."
     }
 
     fn schema(&self) -> Schema {
@@ -612,6 +612,34 @@ impl Resource for Secret {
             state: state(&arn),
             external_id: Some(arn),
         }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the secret's name or ARN (a partial ARN too, as Secrets Manager takes it); the
+    /// external id is its ARN, as create reports it. `secretString` is the current value,
+    /// marked sensitive; a secret holding a binary value (or none) imports without it, which
+    /// applying leaves as it is. `generateSecretString` and `recoveryWindowInDays` are not
+    /// the secret's (they say what create and destroy do) and are left out.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the secret's name or ARN")?;
+        // Secrets Manager takes the name or ARN as it is; an ARN is only checked to be one of
+        // a secret of the provider's region and account.
+        common::import_arn(&c, id, "secretsmanager").await?;
+        let Some(d) = describe(&c, id).await? else {
+            return Ok(None);
+        };
+        let Some(arn) = d.arn() else {
+            return Err(PluginError::internal(format!(
+                "reading secret {id}: no ARN returned"
+            )));
+        };
+        // Read reports the value only when the applied spec sets one.
+        let hint = Value::map().with("secretString", Value::sensitive(""));
+        self.read(ctx, &common::import_state(req, arn, hint)).await
     }
 }
 

@@ -271,7 +271,7 @@ impl Resource for Topic {
     }
 
     fn description(&self) -> &str {
-        "An SNS topic (standard or FIFO)."
+        "An SNS topic (standard or FIFO). Importable by its ARN or name."
     }
 
     fn schema(&self) -> Schema {
@@ -443,5 +443,26 @@ impl Resource for Topic {
             state: state(&arn),
             external_id: Some(arn),
         }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the topic's ARN or name; the external id is its ARN, as create reports it.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the topic's ARN or name")?;
+        let arn = match common::import_arn(&c, id, "sns").await? {
+            Some(arn) if arn.resource.contains(':') => {
+                return Err(PluginError::bad_input(format!(
+                    "`{id}` is a subscription's ARN; give the topic's"
+                )));
+            }
+            Some(_) => id.to_owned(),
+            None => arn_of(&c, id).await?,
+        };
+        self.read(ctx, &common::import_state(req, &arn, Value::map()))
+            .await
     }
 }

@@ -30,7 +30,8 @@ const ATTRIBUTES: &[(&str, &str, Kind, Option<&str>)] = &[
         "maximumMessageSize",
         "MaximumMessageSize",
         Kind::Int,
-        Some("262144"),
+        // 1 MiB: the largest and the default since August 2025 (was 256 KiB).
+        Some("1048576"),
     ),
     (
         "messageRetentionPeriod",
@@ -182,6 +183,40 @@ async fn url_of(c: &Clients, name: &str) -> Result<Option<String>> {
     }
 }
 
+/// The queue an import id names: its URL (`https://sqs.<region>.amazonaws.com/<account>/<name>`),
+/// its ARN or its name. The provider manages its own account's queues only.
+async fn name_of_import_id(c: &Clients, id: &str) -> Result<String> {
+    if let Some(arn) = common::import_arn(c, id, "sqs").await? {
+        return Ok(arn.resource.to_owned());
+    }
+    let Some((_, rest)) = id.split_once("://") else {
+        return Ok(id.to_owned());
+    };
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    // `sqs.<region>.amazonaws.com`: queues are looked up by name in the provider's region.
+    if let Some(region) = host.strip_prefix("sqs.").and_then(|h| h.split('.').next())
+        && region != c.region
+    {
+        return Err(PluginError::bad_input(format!(
+            "queue `{id}` is in region {region}, while the provider is configured for {}",
+            c.region
+        )));
+    }
+    let mut parts = path.split('/').filter(|p| !p.is_empty());
+    let (Some(account), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(PluginError::bad_input(format!(
+            "`{id}` is not a queue URL (`https://sqs.<region>.amazonaws.com/<account>/<name>`)"
+        )));
+    };
+    let ours = c.account().await?;
+    if account != ours {
+        return Err(PluginError::bad_input(format!(
+            "queue `{id}` is of account {account}, while the provider's credentials are of account {ours}"
+        )));
+    }
+    Ok(name.to_owned())
+}
+
 async fn tags_of(c: &Clients, url: &str) -> Result<Vec<(String, String)>> {
     let out = c
         .sqs
@@ -274,7 +309,7 @@ impl Resource for Queue {
     }
 
     fn description(&self) -> &str {
-        "An SQS queue (standard or FIFO)."
+        "An SQS queue (standard or FIFO). Importable by its URL, name or ARN."
     }
 
     fn schema(&self) -> Schema {
@@ -287,7 +322,7 @@ impl Resource for Queue {
             .field("deduplicationScope", Field::string().allowed(["messageGroup", "queue"]).describe("FIFO: messageGroup or queue"))
             .field("fifoThroughputLimit", Field::string().allowed(["perQueue", "perMessageGroupId"]).describe("FIFO: perQueue or perMessageGroupId"))
             .field("delaySeconds", int("Delivery delay, 0 to 900 seconds"))
-            .field("maximumMessageSize", int("Largest message, 1024 to 262144 bytes"))
+            .field("maximumMessageSize", int("Largest message, 1024 to 1048576 bytes (1 MiB, the default)"))
             .field("messageRetentionPeriod", int("Seconds a message is kept, 60 to 1209600"))
             .field("receiveMessageWaitTimeSeconds", int("Long polling wait, 0 to 20 seconds"))
             .field("visibilityTimeout", int("Seconds a received message stays hidden, 0 to 43200"))
@@ -344,7 +379,7 @@ impl Resource for Queue {
         }
         for (field, lo, hi) in [
             ("delaySeconds", 0, 900),
-            ("maximumMessageSize", 1024, 262_144),
+            ("maximumMessageSize", 1024, 1_048_576),
             ("messageRetentionPeriod", 60, 1_209_600),
             ("receiveMessageWaitTimeSeconds", 0, 20),
             ("visibilityTimeout", 0, 43_200),
@@ -481,5 +516,23 @@ impl Resource for Queue {
             state: state(&url, &attrs),
             external_id: Some(url),
         }))
+    }
+
+    fn supports_import(&self) -> bool {
+        true
+    }
+
+    /// By the queue's URL, name or ARN; the external id is its URL, as create reports it.
+    /// Read reports every attribute, so the spec holds them all.
+    async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
+        let c = self.clients.get(ctx).await?;
+        let id = common::import_id(req, "the queue's URL, name or ARN")?;
+        let name = name_of_import_id(&c, id).await?;
+        let Some(url) = url_of(&c, &name).await? else {
+            return Ok(None);
+        };
+        // Read finds the queue by the name in the spec.
+        let hint = Value::map().with("queueName", name);
+        self.read(ctx, &common::import_state(req, &url, hint)).await
     }
 }

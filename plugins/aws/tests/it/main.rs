@@ -7,6 +7,7 @@ mod datasources;
 mod dynamodb;
 mod events;
 mod iam;
+mod import;
 mod lambda;
 mod links;
 mod reference;
