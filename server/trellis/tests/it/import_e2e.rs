@@ -296,3 +296,103 @@ fn import_refuses_what_it_cannot_adopt_and_says_why() {
         "{doc}"
     );
 }
+
+/// AWS resources made outside Trellis (boto3 against moto) are adopted through the engine: the
+/// printed entries plan no change, a change to one is an update, and destroy deletes them.
+#[test]
+fn aws_resources_made_elsewhere_are_adopted_and_then_managed() {
+    use crate::aws_moto::{boto, moto, unique};
+    use serde_json::json;
+    let Some(m) = moto() else { return };
+    let dir = TempDir::new("import-aws");
+    let root = dir.path();
+    let engine = crate::aws_e2e::engine(root, m);
+    let queue = unique("adopted");
+    let url = boto(
+        m,
+        "sqs",
+        "create_queue",
+        json!({"QueueName": queue, "Attributes": {"VisibilityTimeout": "45"}, "tags": {"team": "a"}}),
+    )
+    .expect("queue")["QueueUrl"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bucket = unique("adopted-bucket");
+    boto(m, "s3", "create_bucket", json!({"Bucket": bucket})).expect("bucket");
+
+    // The queue by its name (recorded by its URL), the bucket by its ARN.
+    let (code, queue_yaml, err) = import(
+        &engine,
+        &[
+            "jobs",
+            "--instance",
+            "cloud",
+            "--type",
+            "aws/sqs/queue",
+            "--id",
+            &queue,
+        ],
+    );
+    assert_eq!(code, 0, "{err}\n{queue_yaml}");
+    assert!(queue_yaml.contains("visibilityTimeout: 45"), "{queue_yaml}");
+    let arn = format!("arn:aws:s3:::{bucket}");
+    let (code, bucket_yaml, err) = import(
+        &engine,
+        &[
+            "files",
+            "--instance",
+            "cloud",
+            "--type",
+            "aws/s3/bucket",
+            "--id",
+            &arn,
+        ],
+    );
+    assert_eq!(code, 0, "{err}\n{bucket_yaml}");
+    let inst = engine.instance("cloud");
+    assert_eq!(
+        inst["resources"]["jobs"]["externalId"],
+        url.as_str(),
+        "{inst}"
+    );
+    assert_eq!(
+        inst["resources"]["files"]["externalId"],
+        bucket.as_str(),
+        "{inst}"
+    );
+    // Reading changed nothing in AWS: no trellis tags were added.
+    let tags = boto(m, "sqs", "list_queue_tags", json!({"QueueUrl": url})).expect("tags");
+    assert_eq!(tags["Tags"], json!({"team": "a"}), "{tags}");
+
+    write(
+        &root.join("cloud.yaml"),
+        &blueprint_of(&[&queue_yaml, &bucket_yaml]),
+    );
+    let (code, plan) = engine.json(&["plan", "cloud.yaml", "--instance", "cloud"]);
+    assert_eq!(code, 0, "{plan}");
+    assert!(
+        actions(&plan["changeSet"]["resources"])
+            .iter()
+            .all(|(_, a)| a == "NO_CHANGE"),
+        "{plan}"
+    );
+    let changed = blueprint_of(&[&queue_yaml, &bucket_yaml])
+        .replace("visibilityTimeout: 45", "visibilityTimeout: 60");
+    write(&root.join("cloud.yaml"), &changed);
+    let (code, deployed) = engine.json(&["deploy", "cloud.yaml", "--instance", "cloud"]);
+    assert_eq!(code, 0, "{deployed}");
+    let attrs = boto(
+        m,
+        "sqs",
+        "get_queue_attributes",
+        json!({"QueueUrl": url, "AttributeNames": ["VisibilityTimeout"]}),
+    )
+    .expect("attributes");
+    assert_eq!(attrs["Attributes"]["VisibilityTimeout"], "60", "{attrs}");
+
+    let (code, destroyed) = engine.json(&["destroy", "--instance", "cloud"]);
+    assert_eq!(code, 0, "{destroyed}");
+    assert!(boto(m, "sqs", "get_queue_url", json!({"QueueName": queue})).is_err());
+    assert!(boto(m, "s3", "head_bucket", json!({"Bucket": bucket})).is_err());
+}
