@@ -57,6 +57,20 @@ fn transport(s: tonic::Status) -> PluginError {
     PluginError::internal(format!("gRPC status {:?}: {}", s.code(), s.message()))
 }
 
+/// What ReadResource or ImportResource found, if anything.
+fn found(
+    exists: bool,
+    spec: Option<pb::Value>,
+    state: Option<pb::Value>,
+    external_id: String,
+) -> Option<ReadState> {
+    exists.then(|| ReadState {
+        spec: value(spec),
+        state: value(state),
+        external_id: (!external_id.is_empty()).then_some(external_id),
+    })
+}
+
 fn err_or<T>(e: Option<pb::Error>, ok: T) -> Result<T> {
     match e {
         Some(e) => Err(PluginError::from_proto(e)),
@@ -470,11 +484,7 @@ impl Harness {
             .await
             .map_err(transport)?
             .into_inner();
-        let found = r.exists.then(|| ReadState {
-            spec: value(r.spec),
-            state: value(r.state),
-            external_id: (!r.external_id.is_empty()).then_some(r.external_id),
-        });
+        let found = found(r.exists, r.spec, r.state, r.external_id);
         err_or(r.error, found)
     }
 
@@ -503,11 +513,7 @@ impl Harness {
             .await
             .map_err(transport)?
             .into_inner();
-        let found = r.exists.then(|| ReadState {
-            spec: value(r.spec),
-            state: value(r.state),
-            external_id: (!r.external_id.is_empty()).then_some(r.external_id),
-        });
+        let found = found(r.exists, r.spec, r.state, r.external_id);
         err_or(r.error, found)
     }
 

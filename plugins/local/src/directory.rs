@@ -163,6 +163,24 @@ fn recorded_parents(current: &ResourceState) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The metadata of the directory at `path`; `None` when nothing or something else is there.
+async fn directory_at(path: PathBuf) -> Result<Option<std::fs::Metadata>> {
+    let meta = blocking(move || match std::fs::metadata(&path) {
+        Ok(m) => Ok(Some(m)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(PluginError::from(e).context(format!("inspecting `{}`", path.display()))),
+    })
+    .await?;
+    Ok(meta.filter(std::fs::Metadata::is_dir))
+}
+
 #[async_trait]
 impl Resource for Directory {
     fn type_name(&self) -> &str {
@@ -335,21 +353,7 @@ impl Resource for Directory {
     async fn read(&self, ctx: &Context, current: &ResourceState) -> Result<Option<ReadState>> {
         let base = Base::from_ctx(ctx)?;
         let path = existing_path(&base, current)?;
-        let p = path.clone();
-        let meta = blocking(move || match std::fs::metadata(&p) {
-            Ok(m) => Ok(Some(m)),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(PluginError::from(e).context(format!("inspecting `{}`", p.display()))),
-        })
-        .await?;
-        let Some(meta) = meta.filter(std::fs::Metadata::is_dir) else {
+        let Some(meta) = directory_at(path.clone()).await? else {
             return Ok(None);
         };
         let mut spec = current.spec.clone();
@@ -381,21 +385,7 @@ impl Resource for Directory {
     async fn import(&self, ctx: &Context, req: &ImportRequest) -> Result<Option<ReadState>> {
         let base = Base::from_ctx(ctx)?;
         let path = base.resolve_attr(&req.external_id, "path")?;
-        let p = path.clone();
-        let meta = blocking(move || match std::fs::metadata(&p) {
-            Ok(m) => Ok(Some(m)),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(PluginError::from(e).context(format!("inspecting `{}`", p.display()))),
-        })
-        .await?;
-        let Some(meta) = meta.filter(std::fs::Metadata::is_dir) else {
+        let Some(meta) = directory_at(path.clone()).await? else {
             return Ok(None);
         };
         let id = path_str(&path)?;

@@ -505,21 +505,11 @@ impl PluginProvisioner {
             resource_name: target.name.clone(),
             external_id: external_id.to_owned(),
         };
-        let resp = client
+        let r = client
             .import_resource(req, &options(target, ns, ""))
             .await
             .map_err(|e| Failure::new(describe(&e)))?;
-        if let Some(e) = resp.error {
-            return Err(Failure::new(format!("provider `{ns}`: {}", e.message)));
-        }
-        if !resp.exists {
-            return Ok(Observed::Missing);
-        }
-        Ok(Observed::Exists {
-            spec: resp.spec.as_ref().map_or(Json::Null, raw_json),
-            state: resp.state.as_ref().map_or(Json::Null, raw_json),
-            external_id: resp.external_id,
-        })
+        observed(ns, r.error, r.exists, r.spec, r.state, r.external_id)
     }
 
     async fn read_call(&self, target: &Target) -> Result<Observed, Failure> {
@@ -534,26 +524,40 @@ impl PluginProvisioner {
             context: None,
             current: Some(current),
         };
-        let resp = client
-            .read_resource(req, &options(target, namespace(&target.resource_type), ""))
+        let ns = namespace(&target.resource_type);
+        let r = client
+            .read_resource(req, &options(target, ns, ""))
             .await
             .map_err(|e| Failure::new(describe(&e)))?;
-        if let Some(e) = resp.error {
-            return Err(Failure::new(format!(
-                "provider `{}`: {}",
-                namespace(&target.resource_type),
-                e.message
-            )));
-        }
-        if !resp.exists {
-            return Ok(Observed::Missing);
-        }
-        Ok(Observed::Exists {
-            spec: resp.spec.as_ref().map_or(Json::Null, raw_json),
-            state: resp.state.as_ref().map_or(Json::Null, raw_json),
-            external_id: resp.external_id,
-        })
+        observed(ns, r.error, r.exists, r.spec, r.state, r.external_id)
     }
+}
+
+/// A read's or an import's answer (`ReadResourceResponse`, `ImportResourceResponse`).
+// `Failure` travels by value through every provisioner call; boxing it here alone buys nothing.
+#[allow(clippy::result_large_err)]
+fn observed(
+    namespace: &str,
+    error: Option<pb::Error>,
+    exists: bool,
+    spec: Option<pb::Value>,
+    state: Option<pb::Value>,
+    external_id: String,
+) -> Result<Observed, Failure> {
+    if let Some(e) = error {
+        return Err(Failure::new(format!(
+            "provider `{namespace}`: {}",
+            e.message
+        )));
+    }
+    if !exists {
+        return Ok(Observed::Missing);
+    }
+    Ok(Observed::Exists {
+        spec: spec.as_ref().map_or(Json::Null, raw_json),
+        state: state.as_ref().map_or(Json::Null, raw_json),
+        external_id,
+    })
 }
 
 /// A provider may quote what it was sent in an error, and failures are recorded in state and

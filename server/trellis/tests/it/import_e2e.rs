@@ -159,110 +159,52 @@ fn import_refuses_what_it_cannot_adopt_and_says_why() {
     let root = dir.path();
     write(&root.join("a.txt"), "a");
     let engine = Engine::start(root);
-    let run = |args: &[&str]| import(&engine, args);
+    // `trellis import NAME --instance app --type TYPE --id ID`.
+    let run = |name: &str, ty: &str, id: &str| {
+        import(
+            &engine,
+            &[name, "--instance", "app", "--type", ty, "--id", id],
+        )
+    };
 
     // A type its provider does not declare importable: the importable ones are named.
-    let (code, _, err) = run(&[
-        "s",
-        "--instance",
-        "app",
-        "--type",
-        "local/randomSecret",
-        "--id",
-        "x",
-    ]);
+    let (code, _, err) = run("s", "local/randomSecret", "x");
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("cannot be imported"), "{err}");
     assert!(
         err.contains("local/file") && err.contains("local/directory"),
         "{err}"
     );
-    let (code, _, err) = run(&[
-        "s",
-        "--instance",
-        "app",
-        "--type",
-        "nowhere/thing",
-        "--id",
-        "x",
-    ]);
+    let (code, _, err) = run("s", "nowhere/thing", "x");
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("no provider plugin for namespace `nowhere`"),
         "{err}"
     );
-    let (code, _, err) = run(&[
-        "1st",
-        "--instance",
-        "app",
-        "--type",
-        "local/file",
-        "--id",
-        "a.txt",
-    ]);
+    let (code, _, err) = run("1st", "local/file", "a.txt");
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("cannot name a resource"), "{err}");
 
     // Nothing at the id: the operation fails, and the instance records nothing.
-    let (code, out, err) = run(&[
-        "b",
-        "--instance",
-        "app",
-        "--type",
-        "local/file",
-        "--id",
-        "b.txt",
-    ]);
+    let (code, out, err) = run("b", "local/file", "b.txt");
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(
         format!("{out}{err}").contains("found no local/file with id `b.txt`"),
         "{out}\n{err}"
     );
 
-    let (code, out, err) = run(&[
-        "a",
-        "--instance",
-        "app",
-        "--type",
-        "local/file",
-        "--id",
-        "a.txt",
-    ]);
+    let (code, out, err) = run("a", "local/file", "a.txt");
     assert_eq!(code, 0, "{out}\n{err}");
     // The name is taken; the file is recorded already (under another name, and in another
     // form of its id).
-    let (code, _, err) = run(&[
-        "a",
-        "--instance",
-        "app",
-        "--type",
-        "local/file",
-        "--id",
-        "a.txt",
-    ]);
+    let (code, _, err) = run("a", "local/file", "a.txt");
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("already has a resource `a`"), "{err}");
     let absolute = root.join("a.txt");
-    let (code, out, err) = run(&[
-        "again",
-        "--instance",
-        "app",
-        "--type",
-        "local/file",
-        "--id",
-        absolute.to_str().unwrap(),
-    ]);
+    let (code, out, err) = run("again", "local/file", absolute.to_str().unwrap());
     assert_eq!(code, 2, "{out}\n{err}");
     assert!(err.contains("already records local/file"), "{err}");
-    let (code, out, err) = run(&[
-        "again",
-        "--instance",
-        "app",
-        "--type",
-        "local/file",
-        "--id",
-        "./a.txt",
-    ]);
+    let (code, out, err) = run("again", "local/file", "./a.txt");
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(format!("{out}{err}").contains("as `a`"), "{out}\n{err}");
     let inst = engine.instance("app");

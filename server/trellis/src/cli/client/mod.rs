@@ -908,17 +908,7 @@ async fn import(client: &mut Client, args: &ImportArgs) -> Result<u8, Failure> {
         }
         return Ok(operation_exit_code(&done));
     }
-    let request = pb::GetInstanceRequest {
-        instance: args.instance.clone(),
-        reveal_secrets: args.reveal_secrets,
-    };
-    let mut inst = match client.api.get_instance(request).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => return Err(client.fail(s)),
-    };
-    if args.reveal_secrets {
-        reveal_instance(&mut inst);
-    }
+    let inst = fetch_instance(client, &args.instance, args.reveal_secrets).await?;
     let Some(resource) = inst.resources.iter().find(|r| r.name == args.name) else {
         return Err(Failure::new(
             1,
@@ -973,18 +963,28 @@ async fn instances(client: &mut Client, args: &InstancesArgs) -> Result<u8, Fail
     Ok(0)
 }
 
-async fn instance(client: &mut Client, args: &InstanceArgs) -> Result<u8, Failure> {
+/// An instance as the engine shows it; with `reveal`, its secrets in clear (admin role).
+async fn fetch_instance(
+    client: &mut Client,
+    name: &str,
+    reveal: bool,
+) -> Result<pb::Instance, Failure> {
     let request = pb::GetInstanceRequest {
-        instance: args.name.clone(),
-        reveal_secrets: args.reveal_secrets,
+        instance: name.to_owned(),
+        reveal_secrets: reveal,
     };
     let mut inst = match client.api.get_instance(request).await {
         Ok(r) => r.into_inner(),
         Err(s) => return Err(client.fail(s)),
     };
-    if args.reveal_secrets {
+    if reveal {
         reveal_instance(&mut inst);
     }
+    Ok(inst)
+}
+
+async fn instance(client: &mut Client, args: &InstanceArgs) -> Result<u8, Failure> {
+    let inst = fetch_instance(client, &args.name, args.reveal_secrets).await?;
     match args.engine.format {
         OutputFormat::Json => emit_json(&instance_json(&inst))?,
         OutputFormat::Text => emit(&instance_text(&inst))?,
