@@ -9,7 +9,7 @@ use trellis_plugin_sdk::{ErrorClass, ReadState, ResourceState, Severity, Value};
 
 use crate::dynamodb::schema_of;
 use crate::iam::trust;
-use crate::support::{Moto, boto, harness, moto, unique};
+use crate::support::{Moto, boto, harness, moto, outside_queue, unique};
 
 const IMPORTABLE: [&str; 11] = [
     "aws/apigatewayv2/api",
@@ -753,21 +753,7 @@ async fn a_mapping_imports_by_uuid_or_arn() {
     let h = harness(m).await;
     let f = outside_function(m);
     let queue = unique("imp-source");
-    let url =
-        boto(m, "sqs", "create_queue", json!({"QueueName": queue})).expect("queue")["QueueUrl"]
-            .as_str()
-            .expect("url")
-            .to_owned();
-    let source = boto(
-        m,
-        "sqs",
-        "get_queue_attributes",
-        json!({"QueueUrl": url, "AttributeNames": ["QueueArn"]}),
-    )
-    .expect("attributes")["Attributes"]["QueueArn"]
-        .as_str()
-        .expect("arn")
-        .to_owned();
+    let (_, source) = outside_queue(m, &queue);
     let out = boto(
         m,
         "lambda",

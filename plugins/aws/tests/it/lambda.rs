@@ -14,7 +14,7 @@ use trellis_provider_aws::event_source_mapping::EventSourceMapping;
 use trellis_provider_aws::lambda::Function;
 
 use crate::iam::{assert_reads_back, trust};
-use crate::support::{Moto, boto, harness, moto, unique};
+use crate::support::{Moto, boto, harness, moto, outside_queue, unique};
 
 const BASIC: &str = "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole";
 
@@ -657,21 +657,7 @@ async fn a_queue_triggers_a_function_through_a_mapping() {
         .await
         .expect("function");
     let queue = unique("jobs");
-    let url =
-        boto(m, "sqs", "create_queue", json!({"QueueName": queue})).expect("queue")["QueueUrl"]
-            .as_str()
-            .expect("url")
-            .to_owned();
-    let queue_arn = boto(
-        m,
-        "sqs",
-        "get_queue_attributes",
-        json!({"QueueUrl": url, "AttributeNames": ["QueueArn"]}),
-    )
-    .expect("attributes")["Attributes"]["QueueArn"]
-        .as_str()
-        .expect("arn")
-        .to_owned();
+    let (_, queue_arn) = outside_queue(m, &queue);
     let spec = Value::map()
         .with("functionName", name.as_str())
         .with("eventSourceArn", queue_arn.as_str())
@@ -761,21 +747,7 @@ async fn a_queue_triggers_a_function_through_a_mapping() {
 
     // One made outside Trellis for another queue: CONFLICT too.
     let other_queue = unique("other-jobs");
-    let other_url = boto(m, "sqs", "create_queue", json!({"QueueName": other_queue}))
-        .expect("queue")["QueueUrl"]
-        .as_str()
-        .expect("url")
-        .to_owned();
-    let other_arn = boto(
-        m,
-        "sqs",
-        "get_queue_attributes",
-        json!({"QueueUrl": other_url, "AttributeNames": ["QueueArn"]}),
-    )
-    .expect("attributes")["Attributes"]["QueueArn"]
-        .as_str()
-        .expect("arn")
-        .to_owned();
+    let (_, other_arn) = outside_queue(m, &other_queue);
     boto(
         m,
         "lambda",

@@ -24,6 +24,31 @@ pub async fn harness(moto: &Moto) -> Harness {
         .with_config(config(moto))
 }
 
+/// A queue made outside the provider (boto3): its URL and its ARN.
+pub fn outside_queue(m: &Moto, name: &str) -> (String, String) {
+    let url = boto(
+        m,
+        "sqs",
+        "create_queue",
+        serde_json::json!({"QueueName": name}),
+    )
+    .expect("queue")["QueueUrl"]
+        .as_str()
+        .expect("url")
+        .to_owned();
+    let arn = boto(
+        m,
+        "sqs",
+        "get_queue_attributes",
+        serde_json::json!({"QueueUrl": url, "AttributeNames": ["QueueArn"]}),
+    )
+    .expect("attributes")["Attributes"]["QueueArn"]
+        .as_str()
+        .expect("arn")
+        .to_owned();
+    (url, arn)
+}
+
 /// A resource as the engine would send it for update, read or destroy.
 pub fn current(ty: &str, name: &str, applied: &ResourceState, spec: Value) -> ResourceState {
     ResourceState {
