@@ -418,7 +418,7 @@ fn schedule(
         // Start what is ready. Creates and updates record their intents in this turn's unit
         // of work, before any of their provider calls goes out.
         let mut batch: Vec<(usize, Apply)> = Vec::new();
-        while !halted && in_flight + batch.len() < ctx.max_parallel {
+        while !halted && in_flight + batch.len() < ctx.max_parallel && batch.len() < TURN_CALLS {
             if policy.stoppable && ctx.stop.is_cancelled() {
                 let why = "the operation was stopped before it finished".to_owned();
                 if failure.is_none() {
@@ -498,11 +498,15 @@ fn schedule(
         if in_flight == 0 {
             break;
         }
-        // Wait for one result, then take whatever else has arrived.
-        let Some(first) = rx.blocking_recv() else {
-            break;
-        };
-        arrived.push(first);
+        // More is ready than the last turn started: start it now, with whatever has arrived.
+        let more = !halted && !ready.is_empty() && in_flight < ctx.max_parallel;
+        if !more {
+            // Wait for one result, then take whatever else has arrived.
+            let Some(first) = rx.blocking_recv() else {
+                break;
+            };
+            arrived.push(first);
+        }
         while let Ok(m) = rx.try_recv() {
             arrived.push(m);
         }
@@ -514,6 +518,13 @@ fn schedule(
         None => Ok(()),
     }
 }
+
+/// The most calls one turn starts. When more are ready (the first layer of a wide graph),
+/// the first calls leave after a short commit and go out while the loop records the next
+/// intents, rather than all waiting for one commit of every intent (BENCHMARKS.md, issue 13:
+/// a 10,000-resource deploy 1.17 -> 1.14 x its critical path). A turn of answers arriving
+/// in the usual trickle starts far fewer.
+const TURN_CALLS: usize = 128;
 
 /// What a scheduled task that panicked reports (the panic itself is in the engine's log).
 const PANICKED: &str = "an engine task panicked during the provider call (a bug; the engine log has it); the resource is left for reconcile";
