@@ -3,8 +3,10 @@
 
 Deploys then destroys the bench/deploy.py blueprint (RESOURCES sim resources in LAYERS layers
 of LATENCY ms) on a fresh `trellis serve`, and prints for each: the CLI's wall time, the time
-from the CLI's start to the operation's first event, from the first to the last event, and for
-every layer when its first and its last resource finished (seconds after the first event).
+from the CLI's start to the operation's first event, from it to the first intent (the state
+read and the first unit of work), from the first to the last event, and for
+every layer when its first and its last resource finished (seconds after the first event); for
+the destroy also the CPU the engine and its plugin processes used.
 
 With --no-watch the destroy is started over the engine API (Python grpcio, stubs generated
 from proto/ into a temporary directory; `pip install grpcio-tools`) and polled with
@@ -38,7 +40,9 @@ def report(name, events, kind, start, end):
     ops = {e.get("operationId") for e in events if e["kind"] == kind}
     window = [e for e in events if e.get("operationId") in ops]
     first, last = bench.event_time(window[0]), bench.event_time(window[-1])
+    intent = min(bench.event_time(e) for e in window if e["kind"].endswith("_requested"))
     print(f"{name}: wall {end - start:.3f} s; start to first event {first - start:.3f} s, "
+          f"first event to first intent {intent - first:.3f} s, "
           f"first to last event {last - first:.3f} s, last event to CLI exit {end - last:.3f} s")
     layers = collections.defaultdict(list)
     for e in window:
@@ -95,15 +99,19 @@ def main():
             cs = re.search(r'"id":\s*"(cs_[0-9a-f]+)"', out).group(1)
             t0 = time.time()
             engine.cli("deploy", "--change-set", cs)
+            plugins = bench.children(engine.pid)
+            cpu = [bench.cpu_s(p) for p in [engine.pid, *plugins]]
             t1 = time.time()
             if stubs:
                 destroy_unwatched(stubs, engine.addr)
             else:
                 engine.cli("destroy", "--instance", "bench")
             t2 = time.time()
+            cpu = [bench.cpu_s(p) - c for p, c in zip([engine.pid, *plugins], cpu)]
             events = engine.events("bench")
             report("deploy", events, "resource.created", t0, t1)
             report("destroy", events, "resource.destroyed", t1, t2)
+            print(f"  CPU during the destroy: engine {cpu[0]:.2f} s, plugins {sum(cpu[1:]):.2f} s")
             engine.stop()
         finally:
             shutil.rmtree(work, ignore_errors=True)
