@@ -499,6 +499,56 @@ async fn events_read_while_running_are_the_recorded_ones() {
     assert_eq!(now[4], now[0][60..]);
 }
 
+/// A large instance is parsed on several threads (`parse_resources`): its resources still come
+/// back whole and in the order they were recorded, not in name order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_instance_loads_in_recorded_order() {
+    let dir = TempDir::new("large");
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let inst = store.create_instance("app").await.unwrap();
+    let lease = store
+        .acquire_lease(&inst.id, "e", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..9_001).rev().map(|i| format!("r{i:05}")).collect();
+    let mut changes = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        changes.push(Change::IntendCreate {
+            name: name.clone(),
+            resource_type: "test/thing".into(),
+            spec: json!({ "i": i, "tags": { "n": name } }),
+            depends_on: names.get(i.wrapping_sub(1)).cloned().into_iter().collect(),
+            metadata: json!({ "labels": { "k": "v" } }),
+            key: format!("key-{i}"),
+        });
+        if i % 3 != 0 {
+            changes.push(Change::ResourceCreated {
+                name: name.clone(),
+                external_id: format!("ext-{i}"),
+                state: json!({ "id": i }),
+            });
+        }
+    }
+    store.commit(&lease, changes, vec![]).await.unwrap();
+    let state = store.load_state(&inst.id).await.unwrap();
+    let loaded: Vec<&str> = state.resources.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(loaded, names);
+    for i in [0, 1, 2, 4_500, 9_000] {
+        let r = &state.resources[i];
+        assert_eq!(
+            Some(r),
+            store
+                .get_resource(&inst.id, &names[i])
+                .await
+                .unwrap()
+                .as_ref()
+        );
+        assert_eq!(r.spec["i"], json!(i));
+        assert_eq!(r.depends_on.len(), usize::from(i > 0));
+        assert_eq!(r.state.is_some(), i % 3 != 0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_rows_are_corrupt_errors_not_panics() {
     let dir = TempDir::new("corrupt");
