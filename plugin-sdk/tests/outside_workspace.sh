@@ -23,7 +23,13 @@ EOF
 cp "$root/plugin-sdk/examples/hello.rs" "$tmp/trellis-provider-hello/src/main.rs"
 cp "$root/Cargo.lock" "$tmp/trellis-provider-hello/Cargo.lock"
 target="${CARGO_TARGET_DIR:-$root/target}"
+# The workspace's dev profile (Cargo.toml), so the dependencies this crate shares with the
+# workspace build are reused rather than compiled again with other settings. What is checked
+# does not change: the SDK's own features must be enough without the workspace's.
 CARGO_TARGET_DIR="$target" cargo build --offline --quiet \
+  --config 'profile.dev.debug="line-tables-only"' \
+  --config 'profile.dev.package."*".opt-level=1' \
+  --config 'profile.dev.package."*".debug=false' \
   --manifest-path "$tmp/trellis-provider-hello/Cargo.toml"
 set +e
 out="$("$target/debug/trellis-provider-hello" 2>&1)"
