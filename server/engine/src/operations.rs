@@ -886,7 +886,8 @@ impl Engine {
         let _settings_secrets = crate::redact::hold(recorded.secret_texts());
         let _ = ctx.configs.set(recorded.configs());
         let resources: Vec<&Resource> = state.resources.iter().collect();
-        let (mut outcome, _) = exec::destroy_all(ctx, &resources, &state.links);
+        let (mut outcome, destroyed) = exec::destroy_all(ctx, &resources, &state.links);
+        drop(resources);
         // Children go after the resources that may depend on them.
         if matches!(outcome, Outcome::Succeeded) {
             let names: Vec<String> = state.children.iter().map(|c| c.name.clone()).collect();
@@ -897,7 +898,7 @@ impl Engine {
                 };
             }
         }
-        match outcome {
+        let finish = match outcome {
             Outcome::Succeeded => Finish {
                 error: None,
                 instance_status: Some(InstanceStatus::Destroyed),
@@ -914,7 +915,11 @@ impl Engine {
                 instance_status: Some(InstanceStatus::DestroyFailed),
                 changes: vec![],
             },
-        }
+        };
+        // The state read at the start and the records of what was destroyed are two copies of
+        // every resource: freeing them is not worth delaying the recorded end for.
+        ctx.rt.spawn_blocking(move || drop((state, destroyed)));
+        finish
     }
 
     fn run_reconcile(&self, ctx: &Arc<RunContext>, accept: bool, only: &[String]) -> Finish {
