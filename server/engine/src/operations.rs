@@ -743,7 +743,7 @@ impl Engine {
             return fail(format!("state store: {e}"));
         }
         let (outcome, done) = exec::deploy(ctx, &mut prepared, &plan, &before, plugins);
-        match outcome {
+        let finish = match outcome {
             Outcome::Succeeded => {
                 // Exports read the final state of every resource.
                 match self.final_exports(ctx, &mut prepared, plugins) {
@@ -760,7 +760,12 @@ impl Engine {
                 self.roll_back(ctx, error, &done, &before, &undo)
             }
             Outcome::Failed { error, .. } => fail(error),
-        }
+        };
+        // The evaluated blueprint, the plan, the state before and what was done each hold every
+        // resource: freeing them is not worth delaying the recorded end for (as for a destroy).
+        ctx.rt
+            .spawn_blocking(move || drop((prepared, plan, done, before, undo, inputs)));
+        finish
     }
 
     /// Undoes a failed deploy: the parent's resources (`done`, back to `before`), then what it
