@@ -499,17 +499,23 @@ async fn events_read_while_running_are_the_recorded_ones() {
     assert_eq!(now[4], now[0][60..]);
 }
 
-/// A large instance is parsed on several threads (`parse_resources`): its resources still come
-/// back whole and in the order they were recorded, not in name order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_instance_loads_in_recorded_order() {
-    let dir = TempDir::new("large");
-    let store = SqliteStore::open(dir.path()).unwrap();
+/// A store in `dir` with an instance `app` and its lease.
+async fn leased(dir: &Path) -> (SqliteStore, Instance, Lease) {
+    let store = SqliteStore::open(dir).unwrap();
     let inst = store.create_instance("app").await.unwrap();
     let lease = store
         .acquire_lease(&inst.id, "e", Duration::from_secs(60))
         .await
         .unwrap();
+    (store, inst, lease)
+}
+
+/// `load_state` reads resources unsorted and sorts them by rowid itself: they come back whole
+/// and in the order they were recorded, not in name (index) order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_instance_loads_in_recorded_order() {
+    let dir = TempDir::new("large");
+    let (store, inst, lease) = leased(dir.path()).await;
     let names: Vec<String> = (0..9_001).rev().map(|i| format!("r{i:05}")).collect();
     let mut changes = Vec::new();
     for (i, name) in names.iter().enumerate() {
@@ -552,12 +558,7 @@ async fn a_large_instance_loads_in_recorded_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_rows_are_corrupt_errors_not_panics() {
     let dir = TempDir::new("corrupt");
-    let store = SqliteStore::open(dir.path()).unwrap();
-    let inst = store.create_instance("app").await.unwrap();
-    let lease = store
-        .acquire_lease(&inst.id, "e", Duration::from_secs(60))
-        .await
-        .unwrap();
+    let (store, inst, lease) = leased(dir.path()).await;
     store
         .record_intent(&lease, "db", "test/db", json!({}))
         .await
