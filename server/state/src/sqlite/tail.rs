@@ -13,9 +13,10 @@ use std::sync::{Mutex, PoisonError};
 use crate::model::Event;
 
 /// Events kept per instance: a watcher reads 512 at a time and is rarely further behind.
-const PER_INSTANCE: usize = 4096;
+/// With `INSTANCES`, at most 16,384 events (a few MB) are held.
+const PER_INSTANCE: usize = 2048;
 /// Instances kept: the ones written to most recently.
-const INSTANCES: usize = 16;
+const INSTANCES: usize = 8;
 
 #[derive(Default)]
 pub(crate) struct EventTail {
