@@ -9,7 +9,7 @@ use trellis_plugin_sdk::{ErrorClass, ReadState, ResourceState, Severity, Value};
 
 use crate::dynamodb::schema_of;
 use crate::iam::trust;
-use crate::support::{Moto, boto, harness, moto, outside_queue, unique};
+use crate::support::{Moto, boto, harness, moto, outside_queue, outside_queue_as, unique};
 
 const IMPORTABLE: [&str; 11] = [
     "aws/apigatewayv2/api",
@@ -210,27 +210,11 @@ async fn a_queue_imports_by_url_name_or_arn() {
     let Some(m) = moto() else { return };
     let h = harness(m).await;
     let name = unique("imp-queue");
-    let url = boto(
+    let (url, arn) = outside_queue_as(
         m,
-        "sqs",
-        "create_queue",
         json!({"QueueName": name, "Attributes": {"VisibilityTimeout": "45", "DelaySeconds": "5"},
                "tags": {"team": "a"}}),
-    )
-    .expect("queue")["QueueUrl"]
-        .as_str()
-        .expect("url")
-        .to_owned();
-    let arn = boto(
-        m,
-        "sqs",
-        "get_queue_attributes",
-        json!({"QueueUrl": url, "AttributeNames": ["QueueArn"]}),
-    )
-    .expect("attributes")["Attributes"]["QueueArn"]
-        .as_str()
-        .expect("arn")
-        .to_owned();
+    );
 
     let got = import(&h, TY, "orders", &name).await;
     assert_eq!(got.external_id.as_deref(), Some(url.as_str()));

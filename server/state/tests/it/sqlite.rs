@@ -44,6 +44,16 @@ impl Drop for TempDir {
     }
 }
 
+/// `store` with an instance `app` and its lease, held by `engine-1`.
+async fn leased(store: SqliteStore) -> (SqliteStore, Instance, Lease) {
+    let inst = store.create_instance("app").await.unwrap();
+    let lease = store
+        .acquire_lease(&inst.id, "engine-1", Duration::from_secs(60))
+        .await
+        .unwrap();
+    (store, inst, lease)
+}
+
 fn open_with_clock(dir: &Path, clock: Arc<ManualClock>) -> SqliteStore {
     let options = SqliteOptions {
         clock,
@@ -338,12 +348,7 @@ fn files_are_private() {
 async fn data_survives_reopen() {
     let dir = TempDir::new("reopen");
     let clock = Arc::new(ManualClock::default());
-    let store = open_with_clock(dir.path(), clock.clone());
-    let inst = store.create_instance("app").await.unwrap();
-    let lease = store
-        .acquire_lease(&inst.id, "engine-1", Duration::from_secs(60))
-        .await
-        .unwrap();
+    let (store, inst, lease) = leased(open_with_clock(dir.path(), clock.clone())).await;
     store
         .record_intent(&lease, "db", "test/db", json!({ "size": 1 }))
         .await
@@ -426,12 +431,7 @@ async fn events_read_while_running_are_the_recorded_ones() {
     ];
     let dir = TempDir::new("tail");
     let clock = Arc::new(ManualClock::default());
-    let store = open_with_clock(dir.path(), clock.clone());
-    let inst = store.create_instance("app").await.unwrap();
-    let lease = store
-        .acquire_lease(&inst.id, "engine-1", Duration::from_secs(60))
-        .await
-        .unwrap();
+    let (store, inst, lease) = leased(open_with_clock(dir.path(), clock.clone())).await;
     let payloads = [
         json!({ "z": 1, "a": [1.5, -0.0, 1e300, null], "u": "é✓\u{0}" }),
         json!({ "big": u64::MAX, "neg": i64::MIN, "nested": { "b": true, "a": {} } }),
@@ -499,23 +499,12 @@ async fn events_read_while_running_are_the_recorded_ones() {
     assert_eq!(now[4], now[0][60..]);
 }
 
-/// A store in `dir` with an instance `app` and its lease.
-async fn leased(dir: &Path) -> (SqliteStore, Instance, Lease) {
-    let store = SqliteStore::open(dir).unwrap();
-    let inst = store.create_instance("app").await.unwrap();
-    let lease = store
-        .acquire_lease(&inst.id, "e", Duration::from_secs(60))
-        .await
-        .unwrap();
-    (store, inst, lease)
-}
-
 /// `load_state` reads resources unsorted and sorts them by rowid itself: they come back whole
 /// and in the order they were recorded, not in name (index) order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_instance_loads_in_recorded_order() {
     let dir = TempDir::new("large");
-    let (store, inst, lease) = leased(dir.path()).await;
+    let (store, inst, lease) = leased(SqliteStore::open(dir.path()).unwrap()).await;
     let names: Vec<String> = (0..9_001).rev().map(|i| format!("r{i:05}")).collect();
     let mut changes = Vec::new();
     for (i, name) in names.iter().enumerate() {
@@ -558,7 +547,7 @@ async fn a_large_instance_loads_in_recorded_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_rows_are_corrupt_errors_not_panics() {
     let dir = TempDir::new("corrupt");
-    let (store, inst, lease) = leased(dir.path()).await;
+    let (store, inst, lease) = leased(SqliteStore::open(dir.path()).unwrap()).await;
     store
         .record_intent(&lease, "db", "test/db", json!({}))
         .await

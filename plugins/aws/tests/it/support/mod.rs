@@ -26,13 +26,12 @@ pub async fn harness(moto: &Moto) -> Harness {
 
 /// A queue made outside the provider (boto3): its URL and its ARN.
 pub fn outside_queue(m: &Moto, name: &str) -> (String, String) {
-    let url = boto(
-        m,
-        "sqs",
-        "create_queue",
-        serde_json::json!({"QueueName": name}),
-    )
-    .expect("queue")["QueueUrl"]
+    outside_queue_as(m, serde_json::json!({"QueueName": name}))
+}
+
+/// A queue made outside the provider by `create_queue` with these parameters: its URL and ARN.
+pub fn outside_queue_as(m: &Moto, create: serde_json::Value) -> (String, String) {
+    let url = boto(m, "sqs", "create_queue", create).expect("queue")["QueueUrl"]
         .as_str()
         .expect("url")
         .to_owned();
