@@ -5,8 +5,10 @@ Deploys then destroys the bench/deploy.py blueprint (RESOURCES sim resources in 
 of LATENCY ms) on a fresh `trellis serve`, and prints for each: the CLI's wall time, the time
 from the CLI's start to the operation's first event, from it to the first intent (the state
 read and the first unit of work), from the first to the last event, and for
-every layer when its first and its last resource finished (seconds after the first event); for
-the destroy also the CPU the engine and its plugin processes used.
+every layer when its first and its last resource finished (seconds after the first event) and
+how much longer than LATENCY its calls took, from intent to outcome (median and maximum: where
+a layer's spread comes from); for the destroy also the CPU the engine and its plugin processes
+used.
 
 With --no-watch the destroy is started over the engine API (Python grpcio, stubs generated
 from proto/ into a temporary directory; `pip install grpcio-tools`) and polled with
@@ -35,7 +37,7 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 
-def report(name, events, kind, start, end):
+def report(name, events, kind, start, end, latency_ms):
     """`events` of the instance; the operation is the one whose events include `kind`."""
     ops = {e.get("operationId") for e in events if e["kind"] == kind}
     window = [e for e in events if e.get("operationId") in ops]
@@ -45,13 +47,24 @@ def report(name, events, kind, start, end):
           f"first event to first intent {intent - first:.3f} s, "
           f"first to last event {last - first:.3f} s, last event to CLI exit {end - last:.3f} s")
     layers = collections.defaultdict(list)
+    requested, excess = {}, collections.defaultdict(list)
     for e in window:
         resource = (e.get("payload") or {}).get("resource")
-        if resource and e["kind"] in ("resource.created", "resource.destroyed"):
-            layers[resource.split("_")[0]].append(bench.event_time(e) - first)
+        if not resource:
+            continue
+        layer = resource.split("_")[0]
+        if e["kind"].endswith("_requested"):
+            requested[resource] = bench.event_time(e)
+        elif e["kind"] in ("resource.created", "resource.destroyed"):
+            layers[layer].append(bench.event_time(e) - first)
+            if resource in requested:
+                excess[layer].append(bench.event_time(e) - requested[resource] - latency_ms / 1e3)
     for layer in sorted(layers, key=lambda k: min(layers[k])):
-        t = layers[layer]
-        print(f"  {layer}: first {min(t):.3f} s, last {max(t):.3f} s, spread {max(t) - min(t):.3f} s")
+        t, x = layers[layer], sorted(excess[layer])
+        calls = (f"; calls +{x[len(x) // 2] * 1e3:.0f} ms median, +{x[-1] * 1e3:.0f} ms max"
+                 if x else "")
+        print(f"  {layer}: first {min(t):.3f} s, last {max(t):.3f} s, "
+              f"spread {max(t) - min(t):.3f} s{calls}")
 
 
 def engine_stubs():
@@ -109,8 +122,8 @@ def main():
             t2 = time.time()
             cpu = [bench.cpu_s(p) - c for p, c in zip([engine.pid, *plugins], cpu)]
             events = engine.events("bench")
-            report("deploy", events, "resource.created", t0, t1)
-            report("destroy", events, "resource.destroyed", t1, t2)
+            report("deploy", events, "resource.created", t0, t1, a.latency_ms)
+            report("destroy", events, "resource.destroyed", t1, t2, a.latency_ms)
             print(f"  CPU during the destroy: engine {cpu[0]:.2f} s, plugins {sum(cpu[1:]):.2f} s")
             engine.stop()
         finally:
