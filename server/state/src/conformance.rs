@@ -1058,6 +1058,38 @@ pub async fn intents_before_create(h: &Harness) {
     let db = state(h, &app).await.resource("db").cloned().unwrap();
     assert_eq!(db.status, ResourceStatus::Updated);
     assert_eq!(db.external_id.as_deref(), Some("db-1b"));
+    // An outcome with no intent before it is refused (the store may check the status in the
+    // statement itself; the refusal still names what it found), and changes nothing.
+    assert_err!(
+        step(Change::ResourceUpdated {
+            name: "db".into(),
+            external_id: None,
+            state: json!({ "size": 4 }),
+        })
+        .await,
+        StateError::Conflict(Conflict::InvalidTransition { from, .. }) if from == "updated"
+    );
+    assert_err!(
+        step(Change::ResourceCreated {
+            name: "db".into(),
+            external_id: "db-2".into(),
+            state: json!({}),
+        })
+        .await,
+        StateError::Conflict(Conflict::InvalidTransition { from, .. }) if from == "updated"
+    );
+    assert_err!(
+        step(Change::IntendDestroy {
+            name: "ghost".into(),
+            key: "destroy-ghost".into(),
+        })
+        .await,
+        StateError::NotFound {
+            kind: "resource",
+            ..
+        }
+    );
+    assert_eq!(state(h, &app).await.resource("db"), Some(&db));
     step(Change::IntendDestroy {
         name: "db".into(),
         key: "destroy-db".into(),
