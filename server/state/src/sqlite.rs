@@ -582,6 +582,14 @@ fn required_text<'r>(row: &'r Row<'_>, i: usize) -> Result<&'r str> {
     text(row, i)?.ok_or_else(|| StateError::Corrupt(format!("column {i}: NULL")))
 }
 
+/// A guarded step (`Tx::apply_guarded`) the transition table allowed but the statement did not
+/// apply: the two disagree, a bug in the store, reported rather than applied a second way.
+fn unguarded(name: &str) -> StateError {
+    StateError::Db(format!(
+        "resource {name}: its status allows the change, but the store did not apply it"
+    ))
+}
+
 fn decode_resource(row: &Row<'_>) -> Result<Resource> {
     let instance_id: String = row.get(0)?;
     let name: String = row.get(1)?;
@@ -1161,24 +1169,6 @@ impl Tx<'_> {
                     ])?;
                 }
             }
-            Change::ResourceCreated {
-                name,
-                external_id,
-                state,
-            } => {
-                tx.prepare_cached(
-                    "UPDATE resources SET status = ?3, external_id = ?4, state = ?5, \
-                     failure_reason = NULL, updated_at = ?6 WHERE instance_id = ?1 AND name = ?2",
-                )?
-                .execute(params![
-                    inst,
-                    name,
-                    status,
-                    external_id,
-                    json_text(state),
-                    now
-                ])?;
-            }
             Change::IntendUpdate {
                 name,
                 spec,
@@ -1203,32 +1193,6 @@ impl Tx<'_> {
                     key
                 ])?;
             }
-            Change::ResourceUpdated {
-                name,
-                external_id,
-                state,
-            } => {
-                tx.prepare_cached(
-                    "UPDATE resources SET status = ?3, external_id = COALESCE(?4, external_id), \
-                     state = ?5, failure_reason = NULL, updated_at = ?6 \
-                     WHERE instance_id = ?1 AND name = ?2",
-                )?
-                .execute(params![
-                    inst,
-                    name,
-                    status,
-                    external_id,
-                    json_text(state),
-                    now
-                ])?;
-            }
-            Change::IntendDestroy { name, key } => {
-                tx.prepare_cached(
-                    "UPDATE resources SET status = ?3, failure_reason = NULL, updated_at = ?4, \
-                     call_key = ?5 WHERE instance_id = ?1 AND name = ?2",
-                )?
-                .execute(params![inst, name, status, now, key])?;
-            }
             Change::ResourceFailed { name, reason } => {
                 tx.prepare_cached(
                     "UPDATE resources SET status = ?3, failure_reason = ?4, updated_at = ?5 \
@@ -1236,6 +1200,8 @@ impl Tx<'_> {
                 )?
                 .execute(params![inst, name, status, reason, now])?;
             }
+            // `apply_guarded` applies these when their status allows them; they reach here
+            // only to be refused, by the transition table above or by a link in the way.
             Change::ResourceRemoved { name } => {
                 if let Some((a, b)) = self.link_of(inst, name)? {
                     return Err(StateError::Conflict(Conflict::InUse {
@@ -1244,9 +1210,11 @@ impl Tx<'_> {
                         by: format!("link {a} -> {b}"),
                     }));
                 }
-                tx.prepare_cached("DELETE FROM resources WHERE instance_id = ?1 AND name = ?2")?
-                    .execute([inst, name])?;
+                return Err(unguarded(name));
             }
+            Change::IntendDestroy { name, .. }
+            | Change::ResourceCreated { name, .. }
+            | Change::ResourceUpdated { name, .. } => return Err(unguarded(name)),
             // `resource_transition` already refused anything else.
             other => {
                 return Err(StateError::rejected(format!(
@@ -1279,42 +1247,25 @@ impl Tx<'_> {
                 name,
                 external_id,
                 state,
-            } => self
-                .tx
-                .prepare_cached(
-                    "UPDATE resources SET status = ?3, external_id = ?4, state = ?5, \
-                     failure_reason = NULL, updated_at = ?6 \
-                     WHERE instance_id = ?1 AND name = ?2 AND status = ?7",
-                )?
-                .execute(params![
-                    inst,
-                    name,
-                    S::Created.as_str(),
-                    external_id,
-                    json_text(state),
-                    now,
-                    S::CreateRequested.as_str()
-                ])?,
+            } => self.record_outcome(
+                inst,
+                name,
+                Some(external_id),
+                state,
+                (S::CreateRequested, S::Created),
+            )?,
+            // An update's outcome may keep the external id (`None`).
             Change::ResourceUpdated {
                 name,
                 external_id,
                 state,
-            } => self
-                .tx
-                .prepare_cached(
-                    "UPDATE resources SET status = ?3, external_id = COALESCE(?4, external_id), \
-                     state = ?5, failure_reason = NULL, updated_at = ?6 \
-                     WHERE instance_id = ?1 AND name = ?2 AND status = ?7",
-                )?
-                .execute(params![
-                    inst,
-                    name,
-                    S::Updated.as_str(),
-                    external_id,
-                    json_text(state),
-                    now,
-                    S::UpdateRequested.as_str()
-                ])?,
+            } => self.record_outcome(
+                inst,
+                name,
+                external_id.as_ref(),
+                state,
+                (S::UpdateRequested, S::Updated),
+            )?,
             Change::ResourceRemoved { name } => {
                 if self.link_of(inst, name)?.is_some() {
                     return Ok(false);
@@ -1334,6 +1285,33 @@ impl Tx<'_> {
             _ => 0,
         };
         Ok(changed == 1)
+    }
+
+    /// A create's or update's outcome, if the resource's status is `from`: the rows changed.
+    fn record_outcome(
+        &self,
+        inst: &str,
+        name: &str,
+        external_id: Option<&String>,
+        state: &Value,
+        (from, to): (ResourceStatus, ResourceStatus),
+    ) -> Result<usize> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "UPDATE resources SET status = ?3, external_id = COALESCE(?4, external_id), \
+                 state = ?5, failure_reason = NULL, updated_at = ?6 \
+                 WHERE instance_id = ?1 AND name = ?2 AND status = ?7",
+            )?
+            .execute(params![
+                inst,
+                name,
+                to.as_str(),
+                external_id,
+                json_text(state),
+                self.now.as_millis(),
+                from.as_str()
+            ])?)
     }
 
     /// A link that names resource `name` (either end), if any.
