@@ -31,6 +31,9 @@ const PREFACE_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 9;
 const KIND_HEADERS: u8 = 0x1;
 const KIND_CONTINUATION: u8 = 0x9;
+/// The HPACK table size of the server (HTTP/2's default; ours never announce another) and
+/// of the encoder here.
+const TABLE_SIZE: usize = 4_096;
 /// How much is read from the socket at a time.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -203,7 +206,9 @@ impl Connected for UnixConn {
 /// The first block that needs a change turns that off for good: from then on every block is
 /// encoded here. That switch is sound mid-connection because this encoder refers only to
 /// entries it added itself, which the server's table holds as its newest: the server evicts the
-/// client's older entries first, and one of these only when this encoder does too.
+/// client's older entries first, and one of these only when this encoder does too. For that
+/// both tables must have the same size limit, and a client may have set the server's smaller
+/// in a block passed as sent: the first encoded block sets it back to this encoder's.
 struct HeaderRewrite {
     decode: Codec<Mem, Bytes>,
     encode: Codec<Mem, Bytes>,
@@ -254,7 +259,12 @@ impl HeaderRewrite {
             .is_some_and(|a| http::uri::Authority::try_from(&**a).is_err())
         {
             pseudo.authority = None;
-            self.as_sent = false;
+            if self.as_sent {
+                self.as_sent = false;
+                // Two size updates (h2 writes none for the size its table already has).
+                self.encode.set_send_header_table_size(TABLE_SIZE - 1);
+                self.encode.set_send_header_table_size(TABLE_SIZE);
+            }
         } else if self.as_sent {
             out.extend_from_slice(&block);
             return Ok(());
@@ -413,6 +423,11 @@ mod tests {
             (9, "tmp%2Fx.sock", false, false),
             (11, "engine.invalid", true, false),
         ] {
+            if id == 3 {
+                // The client shrinks its table, in a block the server gets as sent: the server's
+                // table is then as small, until the first encoded block sets it back.
+                client.set_send_header_table_size(64);
+            }
             let block = client_block(&mut client, id, authority);
             let mut out = BytesMut::new();
             rewrite.rewrite(&block, &mut out).unwrap();
