@@ -1225,13 +1225,12 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// The usual steps of a resource's life, each in one statement that checks the status
-    /// `resource_transition` requires in its `WHERE` clause, instead of a status read and a
-    /// write: a destroy's intent and removal and a create's or update's outcome, two of the
-    /// four statements a resource costs the writer. `false`: nothing was changed (another
-    /// change, a status the step is not allowed from, a link in the way), and
-    /// [`Tx::apply_resource`] goes the general way, which reads the status and names the
-    /// refusal.
+    /// The usual steps of a resource's life (a destroy's intent and removal, a create's or
+    /// update's outcome), each in one statement that checks the status `resource_transition`
+    /// requires in its `WHERE` clause instead of reading it first: a destroyed resource costs
+    /// the writer two statements fewer. `false`: nothing was changed (another change, a status
+    /// the step is not allowed from, a link in the way), and [`Tx::apply_resource`] goes the
+    /// general way, which reads the status and names the refusal.
     fn apply_guarded(&self, inst: &str, change: &Change) -> Result<bool> {
         use ResourceStatus as S;
         let now = self.now.as_millis();
