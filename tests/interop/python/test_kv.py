@@ -484,8 +484,12 @@ class Plugin:
         )
         self.lines = queue.Queue()
         self.logs = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, self.logs.append), daemon=True).start()
+        self._pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.logs.append), daemon=True),
+        ]
+        for t in self._pumps:
+            t.start()
         self.channel = None
         self.socket_path = None
         self.cleanup = [self.sock_dir]
@@ -533,6 +537,9 @@ class Plugin:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        # The pipes end with the process: the pumps read to the end before they are closed.
+        for t in self._pumps:
+            t.join(timeout=5)
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
                 f.close()

@@ -82,8 +82,10 @@ class Plugin:
         )
         self.stdout_lines = queue.Queue()
         self.logs = []  # stderr and post-handshake stdout, as the engine would forward them
-        threading.Thread(target=self._pump_stdout, daemon=True).start()
-        threading.Thread(target=self._pump_stderr, daemon=True).start()
+        self._pumps = [threading.Thread(target=self._pump_stdout, daemon=True),
+                       threading.Thread(target=self._pump_stderr, daemon=True)]
+        for t in self._pumps:
+            t.start()
         self.channel = None
         self.socket_path = None
 
@@ -155,6 +157,10 @@ class Plugin:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        # The pipes end with the process: let the pumps read to the end before closing them
+        # (closing a pipe a pump is reading raised in its thread).
+        for t in self._pumps:
+            t.join(timeout=5)
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
                 f.close()
