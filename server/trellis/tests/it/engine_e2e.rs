@@ -1122,6 +1122,16 @@ fn apply_progress_is_shown_and_sampled() {
         shown.contains("resource.progress  slow  (sim/resource): create slow: waiting 2500 ms"),
         "{shown}"
     );
+    // Lines are held back while events keep coming, and none is lost or repeated.
+    let line = |text: &str| shown.lines().filter(|l| *l == text).count();
+    for name in ["slow", "quick"] {
+        assert_eq!(
+            line(&format!("resource.created  {name}  (sim/resource)")),
+            1,
+            "{shown}"
+        );
+    }
+    assert_eq!(line("operation.finished  SUCCEEDED"), 1, "{shown}");
     let events = engine.events("p");
     let kinds: Vec<(&str, &str)> = events
         .iter()

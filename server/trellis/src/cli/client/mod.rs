@@ -1012,10 +1012,7 @@ async fn events(client: &mut Client, args: &EventsArgs) -> Result<u8, Failure> {
         name: args.instance.clone(),
         follow: args.follow,
     };
-    let mut sink = EventPrinter {
-        format: args.engine.format,
-        names: EventNames::default(),
-    };
+    let mut sink = EventPrinter::new(args.engine.format);
     watch(client, &target, args.after, &mut sink).await?;
     Ok(0)
 }

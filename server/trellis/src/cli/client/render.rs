@@ -1001,14 +1001,17 @@ fn derived_text(resource: &str, transform: &str) -> String {
 }
 
 /// One event as a line: `resource.created  config  (local/file)`, with the status or reason
-/// when the payload has one.
-pub(super) fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> String {
-    let payload = payload(event);
+/// when the payload (the event's, parsed: [`payload`]) has one.
+pub(super) fn event_line(
+    event: &pb::Event,
+    payload: &Json,
+    types: &HashMap<String, String>,
+) -> String {
     let mut line = event.kind.clone();
-    if let Some(resource) = resource_of(&payload) {
+    if let Some(resource) = resource_of(payload) {
         line.push_str("  ");
         line.push_str(resource);
-        let ty = str_field(&payload, "type").or_else(|| types.get(resource).map(String::as_str));
+        let ty = str_field(payload, "type").or_else(|| types.get(resource).map(String::as_str));
         if let Some(ty) = ty {
             line.push_str(&format!("  ({ty})"));
         }
@@ -1020,24 +1023,24 @@ pub(super) fn event_line(event: &pb::Event, types: &HashMap<String, String>) -> 
         }
     }
     if let (Some(a), Some(b)) = (
-        str_field(&payload, "resourceA"),
-        str_field(&payload, "resourceB"),
+        str_field(payload, "resourceA"),
+        str_field(payload, "resourceB"),
     ) {
         line.push_str(&format!("  {a} -> {b}"));
-        if let Some(ty) = str_field(&payload, "linkType") {
+        if let Some(ty) = str_field(payload, "linkType") {
             line.push_str(&format!("  ({ty})"));
         }
     }
-    if let Some(status) = str_field(&payload, "status") {
+    if let Some(status) = str_field(payload, "status") {
         line.push_str("  ");
         line.push_str(&status.to_uppercase());
     }
-    if let Some(reason) = str_field(&payload, "reason").or_else(|| str_field(&payload, "error")) {
+    if let Some(reason) = str_field(payload, "reason").or_else(|| str_field(payload, "error")) {
         line.push_str(": ");
         line.push_str(reason);
     }
     if event.kind == "resource.progress"
-        && let Some(message) = progress_text(&payload)
+        && let Some(message) = progress_text(payload)
     {
         line.push_str(": ");
         line.push_str(&message);

@@ -586,6 +586,95 @@ fn an_operation_ends_as_its_terminal_event_says_when_the_engine_is_gone() {
     );
 }
 
+/// Every write a sink makes, one entry each.
+#[derive(Clone, Default)]
+struct Writes(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Write for Writes {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf).into_owned();
+        self.0.lock().unwrap().push(text);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Writes {
+    fn taken(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+fn destroyed(i: u64) -> pb::Event {
+    event(
+        i + 1,
+        "resource.destroyed",
+        json!({"resource": format!("r{i}"), "type": "sim/resource"}),
+    )
+}
+
+#[test]
+fn progress_lines_go_out_together_when_the_stream_pauses() {
+    let writes = Writes::default();
+    let progress = Progress::new("destroy", "app", Some(300));
+    let mut display = LiveDisplay::writing_to(progress, false, Box::new(writes.clone()));
+    for i in 0..100 {
+        display.event(&destroyed(i)).unwrap();
+    }
+    assert_eq!(writes.taken(), Vec::<String>::new());
+    display.idle().unwrap();
+    let written = writes.taken();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let lines: Vec<&str> = written[0].lines().collect();
+    let expected: Vec<String> = (0..100)
+        .map(|i| format!("resource.destroyed  r{i}  (sim/resource)"))
+        .collect();
+    assert_eq!(lines, expected);
+    display.idle().unwrap();
+    assert_eq!(writes.taken(), Vec::<String>::new());
+    // A long burst is written in pieces of at least HELD_BACK bytes, nothing lost.
+    for i in 100..300 {
+        display.event(&destroyed(i)).unwrap();
+    }
+    display.clear();
+    let written = writes.taken();
+    assert!(written.len() < 5, "{}", written.len());
+    let lines: Vec<String> = written.concat().lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), 200);
+    assert_eq!(lines[199], "resource.destroyed  r299  (sim/resource)");
+}
+
+#[test]
+fn a_terminal_gets_the_finished_lines_then_one_status_line() {
+    let writes = Writes::default();
+    let progress = Progress::new("destroy", "app", Some(3));
+    let mut display = LiveDisplay::writing_to(progress, true, Box::new(writes.clone()));
+    for i in 0..3 {
+        display.event(&destroyed(i)).unwrap();
+    }
+    assert_eq!(writes.taken(), Vec::<String>::new());
+    display.idle().unwrap();
+    let written = writes.taken();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let text = &written[0];
+    assert!(
+        text.starts_with(
+            "\r\x1b[2Kresource.destroyed  r0  (sim/resource)\n\r\x1b[2Kresource.destroyed  r1  (sim/resource)\n"
+        ),
+        "{text:?}"
+    );
+    assert!(
+        text.ends_with("\r\x1b[2Kdestroying app: 3/3 resources done, 0 in progress [00:00]"),
+        "{text:?}"
+    );
+    // Clearing removes the status line.
+    display.clear();
+    assert_eq!(writes.taken(), vec!["\r\x1b[2K".to_owned()]);
+}
+
 #[test]
 fn events_as_json_and_lines() {
     let e = event(
@@ -605,7 +694,7 @@ fn events_as_json_and_lines() {
     );
     let types = HashMap::from([("config".to_owned(), "local/file".to_owned())]);
     assert_eq!(
-        event_line(&e, &types),
+        event_line(&e, &payload(&e), &types),
         "resource.created  config  (local/file)"
     );
     let failed = event(
@@ -613,19 +702,22 @@ fn events_as_json_and_lines() {
         "resource.failed",
         json!({"resource": "web", "reason": "timeout"}),
     );
-    assert_eq!(event_line(&failed, &types), "resource.failed  web: timeout");
+    assert_eq!(
+        event_line(&failed, &payload(&failed), &types),
+        "resource.failed  web: timeout"
+    );
     let linked = event(
         15,
         "link.created",
         json!({"resourceA": "env", "resourceB": "config", "linkType": "local/envFile::local/file"}),
     );
     assert_eq!(
-        event_line(&linked, &types),
+        event_line(&linked, &payload(&linked), &types),
         "link.created  env -> config  (local/envFile::local/file)"
     );
     let finished = event(14, "operation.finished", json!({"status": "succeeded"}));
     assert_eq!(
-        event_line(&finished, &types),
+        event_line(&finished, &payload(&finished), &types),
         "operation.finished  SUCCEEDED"
     );
     let raw = pb::Event {

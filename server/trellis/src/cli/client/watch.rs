@@ -1,6 +1,10 @@
 //! Following an operation or an instance: the event stream, resumed after a dropped
 //! connection, and the live progress line.
 
+use std::fmt::Write as _;
+
+use futures_util::FutureExt as _;
+
 use super::*;
 
 pub(crate) enum WatchTarget {
@@ -34,6 +38,12 @@ pub(crate) trait WatchSink {
     fn event(&mut self, event: &pb::Event) -> Result<(), Failure>;
     /// Called on heartbeats and every second: time passes on the progress line.
     fn refresh(&mut self) {}
+    /// Called when the stream has nothing more ready, and when the watch ends: what the sink
+    /// holds back goes out now. A busy stream brings thousands of events a second; written
+    /// one at a time they cost a system call each (and a terminal a redraw each).
+    fn idle(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
 }
 
 /// Follows a watch stream until it ends (an operation's last event, or an
@@ -41,6 +51,18 @@ pub(crate) trait WatchSink {
 /// resuming after the last sequence number seen: the engine promises nothing is missed or
 /// repeated. Returns an operation's terminal event when the stream ended on it.
 pub(crate) async fn watch(
+    client: &mut Client,
+    target: &WatchTarget,
+    after: u64,
+    sink: &mut dyn WatchSink,
+) -> Result<Option<pb::Event>, Failure> {
+    let result = watch_stream(client, target, after, sink).await;
+    let flushed = sink.idle();
+    let last = result?;
+    flushed.map(|()| last)
+}
+
+async fn watch_stream(
     client: &mut Client,
     target: &WatchTarget,
     after: u64,
@@ -74,16 +96,27 @@ pub(crate) async fn watch(
                 let mut stream = response.into_inner();
                 let mut heard = Instant::now();
                 loop {
-                    let item = tokio::select! {
-                        item = stream.message() => item,
-                        _ = tick.tick() => {
-                            if heard.elapsed() > WATCH_IDLE_TIMEOUT {
-                                break tonic::Status::unavailable("no heartbeat from the engine");
+                    // Only a stream with nothing ready is waited on; the sink writes out
+                    // what it held back first.
+                    let ready = stream.message().now_or_never();
+                    let item = match ready {
+                        Some(item) => item,
+                        None => {
+                            sink.idle()?;
+                            tokio::select! {
+                                item = stream.message() => item,
+                                _ = tick.tick() => {
+                                    if heard.elapsed() > WATCH_IDLE_TIMEOUT {
+                                        break tonic::Status::unavailable(
+                                            "no heartbeat from the engine",
+                                        );
+                                    }
+                                    sink.refresh();
+                                    continue;
+                                }
+                                _ = &mut ctrl_c => return interrupted(target),
                             }
-                            sink.refresh();
-                            continue;
                         }
-                        _ = &mut ctrl_c => return interrupted(target),
                     };
                     match item {
                         Ok(Some(response)) => {
@@ -194,25 +227,58 @@ pub(crate) fn is_terminal(status: pb::OperationStatus) -> bool {
 pub(crate) struct EventPrinter {
     pub(crate) format: OutputFormat,
     pub(crate) names: EventNames,
+    /// Lines not written yet: they go out when the stream pauses (`--follow` is read live,
+    /// through pipes too) or when this much is held.
+    pub(crate) pending: String,
+}
+
+impl EventPrinter {
+    pub(crate) fn new(format: OutputFormat) -> Self {
+        Self {
+            format,
+            names: EventNames::default(),
+            pending: String::new(),
+        }
+    }
+}
+
+/// How much a sink holds back before writing it out anyway.
+const HELD_BACK: usize = 16 * 1024;
+
+/// How often a terminal's status line is redrawn while events keep coming.
+const REDRAW_EVERY: Duration = Duration::from_millis(100);
+
+/// Writes `pending` to `out` in one go and empties it.
+fn write_out(out: &mut impl Write, pending: &mut String) -> std::io::Result<()> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let r = out.write_all(pending.as_bytes()).and_then(|()| out.flush());
+    pending.clear();
+    r
 }
 
 impl WatchSink for EventPrinter {
     fn event(&mut self, event: &pb::Event) -> Result<(), Failure> {
-        self.names.learn(event);
-        let line = match self.format {
-            OutputFormat::Json => event_json(event).to_string(),
-            OutputFormat::Text => format!(
-                "{:>6}  {}  {}",
-                event.seq,
-                rfc3339(event.at_unix_ms, false),
-                event_line(event, &self.names.types)
-            ),
-        };
-        // Lines go out as they come: `--follow` is read live, through pipes too.
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{line}")
-            .and_then(|()| out.flush())
-            .map_err(Failure::output)
+        let payload = payload(event);
+        self.names.learn(&payload);
+        match self.format {
+            OutputFormat::Json => self.pending.push_str(&event_json(event).to_string()),
+            OutputFormat::Text => {
+                let line = event_line(event, &payload, &self.names.types);
+                let at = rfc3339(event.at_unix_ms, false);
+                let _ = write!(self.pending, "{:>6}  {at}  {line}", event.seq);
+            }
+        }
+        self.pending.push('\n');
+        if self.pending.len() >= HELD_BACK {
+            self.idle()?;
+        }
+        Ok(())
+    }
+
+    fn idle(&mut self) -> Result<(), Failure> {
+        write_out(&mut std::io::stdout().lock(), &mut self.pending).map_err(Failure::output)
     }
 }
 
@@ -223,9 +289,9 @@ pub(crate) struct EventNames {
 }
 
 impl EventNames {
-    pub(crate) fn learn(&mut self, event: &pb::Event) {
-        let payload = payload(event);
-        if let (Some(name), Some(ty)) = (resource_of(&payload), str_field(&payload, "type")) {
+    /// Learns from an event's payload.
+    pub(crate) fn learn(&mut self, payload: &Json) {
+        if let (Some(name), Some(ty)) = (resource_of(payload), str_field(payload, "type")) {
             self.types.insert(name.to_owned(), ty.to_owned());
         }
     }
@@ -299,8 +365,8 @@ impl Progress {
     /// Takes an event into account; returns its line and whether it finished a resource.
     pub(crate) fn observe(&mut self, event: &pb::Event) -> (String, bool) {
         self.events += 1;
-        self.names.learn(event);
         let payload = payload(event);
+        self.names.learn(&payload);
         // The engine may announce how many resources the operation touches.
         if event.kind == "operation.started"
             && let Some(n) = payload.get("total").and_then(Json::as_u64)
@@ -338,7 +404,7 @@ impl Progress {
                 }
             }
         }
-        (event_line(event, &self.names.types), finished)
+        (event_line(event, &payload, &self.names.types), finished)
     }
 
     /// `deploying app: 12/40 resources done, 3 in progress [00:04]`.
@@ -376,6 +442,14 @@ pub(crate) struct LiveDisplay {
     pub(crate) started: Instant,
     pub(crate) shown: bool,
     pub(crate) width: usize,
+    /// Lines not written yet (see [`WatchSink::idle`]).
+    pending: String,
+    /// When the status line was last drawn: while events keep coming it is redrawn a few
+    /// times a second rather than once per event.
+    drawn: Instant,
+    redraw_every: Duration,
+    /// Standard error (another writer in tests).
+    out: Box<dyn Write + Send>,
 }
 
 impl LiveDisplay {
@@ -392,10 +466,36 @@ impl LiveDisplay {
             started: Instant::now(),
             shown: false,
             width,
+            pending: String::new(),
+            drawn: Instant::now(),
+            redraw_every: REDRAW_EVERY,
+            out: Box::new(std::io::stderr()),
         }
     }
 
-    fn draw(&mut self, err: &mut impl Write) {
+    /// The display writing to `out` as if to a terminal (`tty`) or not, redrawing only
+    /// when idle (tests see the same writes however slow the machine is).
+    #[cfg(test)]
+    pub(crate) fn writing_to(progress: Progress, tty: bool, out: Box<dyn Write + Send>) -> Self {
+        Self {
+            tty,
+            out,
+            redraw_every: Duration::MAX,
+            ..Self::new(progress)
+        }
+    }
+
+    /// Writes the lines held back and, on a terminal, the status line after them.
+    fn write_out(&mut self) {
+        if self.tty {
+            self.draw();
+        } else {
+            let _ = write_out(&mut self.out, &mut self.pending);
+        }
+    }
+
+    /// The lines held back, then the status line in their place at the bottom.
+    fn draw(&mut self) {
         // A line longer than the terminal wraps, and `\r` would then redraw only its tail.
         let line: String = self
             .progress
@@ -403,39 +503,49 @@ impl LiveDisplay {
             .chars()
             .take(self.width.saturating_sub(1).max(1))
             .collect();
-        let _ = write!(err, "\r\x1b[2K{line}");
-        let _ = err.flush();
+        let _ = write!(self.pending, "\r\x1b[2K{line}");
+        let _ = write_out(&mut self.out, &mut self.pending);
         self.shown = true;
+        self.drawn = Instant::now();
     }
 
+    /// Writes what is held back and removes the status line.
     pub(crate) fn clear(&mut self) {
         if self.tty && self.shown {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\r\x1b[2K");
-            let _ = err.flush();
+            self.pending.push_str("\r\x1b[2K");
             self.shown = false;
         }
+        let _ = write_out(&mut self.out, &mut self.pending);
     }
 }
 
 impl WatchSink for LiveDisplay {
     fn event(&mut self, event: &pb::Event) -> Result<(), Failure> {
         let (line, finished) = self.progress.observe(event);
-        let mut err = std::io::stderr().lock();
         if self.tty {
             if finished {
-                let _ = writeln!(err, "\r\x1b[2K{line}");
+                let _ = writeln!(self.pending, "\r\x1b[2K{line}");
             }
-            self.draw(&mut err);
+            if self.drawn.elapsed() >= self.redraw_every {
+                self.write_out();
+            }
         } else {
-            let _ = writeln!(err, "{line}");
+            let _ = writeln!(self.pending, "{line}");
+            if self.pending.len() >= HELD_BACK {
+                self.write_out();
+            }
         }
         Ok(())
     }
 
     fn refresh(&mut self) {
         if self.tty {
-            self.draw(&mut std::io::stderr().lock());
+            self.write_out();
         }
+    }
+
+    fn idle(&mut self) -> Result<(), Failure> {
+        self.write_out();
+        Ok(())
     }
 }
