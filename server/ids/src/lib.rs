@@ -23,12 +23,15 @@ pub fn new_id(prefix: &str) -> String {
     use std::hash::{BuildHasher, Hasher};
 
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // Read once: `getpid` is a system call, and the engine makes an id per provider call.
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let pid = *PID.get_or_init(std::process::id);
     let random = |salt: u64| {
         let mut h = RandomState::new().build_hasher();
         h.write_u64(n);
         h.write_u64(salt);
-        h.write_u32(std::process::id());
+        h.write_u32(pid);
         h.finish()
     };
     let millis = SystemTime::now()
