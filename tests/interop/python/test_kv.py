@@ -27,8 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -69,14 +67,18 @@ from trellis_plugin import (  # noqa: E402
 from trellis_plugin.testing import Harness  # noqa: E402
 from trellis_provider_kv import KV  # noqa: E402
 
+from plugin_process import (  # noqa: E402
+    EXIT_TIMEOUT,
+    RPC_TIMEOUT,
+    PluginProcess,
+    run_tests,
+    rust_binaries,
+)
+
 # The in-process providers log their (deliberate) failures; keep them out of the test's output.
 logging.getLogger().addHandler(logging.NullHandler())
 
 LAUNCHER = os.path.join(HERE, "bin", "trellis-provider-kv")
-RPC_TIMEOUT = 10
-# Bounds on a hang, not speed checks: the machine may be loaded.
-STARTUP_TIMEOUT = 60
-EXIT_TIMEOUT = 60
 
 
 def error_class(err):
@@ -466,57 +468,11 @@ serve(Slow())
 '''
 
 
-class Plugin:
-    """A launched plugin process, as the engine holds it."""
+class Plugin(PluginProcess):
+    """A kv (or another SDK-built) plugin process, as the engine holds it."""
 
     def __init__(self, argv=None, versions="1", env=None):
-        self.nonce = uuid.uuid4().hex
-        self.sock_dir = tempfile.mkdtemp(prefix="trellis-")  # short: socket paths are limited
-        os.chmod(self.sock_dir, 0o700)
-        full_env = dict(os.environ, PYTHONPATH=SDK, **(env or {}))
-        if versions is not None:
-            full_env.update(TRELLIS_PLUGIN_NONCE=self.nonce,
-                            TRELLIS_PLUGIN_PROTOCOL_VERSIONS=versions,
-                            TRELLIS_PLUGIN_SOCKET_DIR=self.sock_dir)
-        self.proc = subprocess.Popen(
-            argv or [LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=full_env, start_new_session=True,
-        )
-        self.lines = queue.Queue()
-        self.logs = []
-        self._pumps = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, self.logs.append), daemon=True),
-        ]
-        for t in self._pumps:
-            t.start()
-        self.channel = None
-        self.socket_path = None
-        self.cleanup = [self.sock_dir]
-
-    @staticmethod
-    def _pump(stream, sink):
-        for raw in stream:
-            sink(raw.decode("utf-8", "replace").rstrip("\n"))
-        sink(None)
-
-    def handshake_line(self):
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:
-            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            if line is None or line.startswith("TRELLIS_PLUGIN|"):
-                return line
-
-    def connect(self):
-        line = self.handshake_line()
-        assert line is not None, f"exited before its handshake line: {self.logs}"
-        marker, version, network, address = line.split("|")
-        assert (marker, version, network) == ("TRELLIS_PLUGIN", "1", "unix"), line
-        assert os.path.dirname(address) == self.sock_dir, line
-        self.socket_path = address
-        self.channel = grpc.insecure_channel("unix:" + address)
-        grpc.channel_ready_future(self.channel).result(timeout=RPC_TIMEOUT)
-        return self
+        super().__init__(argv or [LAUNCHER], versions=versions, env=dict(env or {}, PYTHONPATH=SDK))
 
     def handshake(self, nonce=None):
         return plugin_pb2_grpc.PluginStub(self.channel).Handshake(
@@ -524,35 +480,6 @@ class Plugin:
                                         protocol_versions=[1]),
             timeout=RPC_TIMEOUT,
         )
-
-    def wait_exit(self, timeout=EXIT_TIMEOUT):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running {timeout}s later; logs: {self.logs}") from None
-
-    def close(self):
-        if self.channel is not None:
-            self.channel.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        # The pipes end with the process: the pumps read to the end before they are closed.
-        for t in self._pumps:
-            t.join(timeout=5)
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
-        for d in self.cleanup:
-            shutil.rmtree(d, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def slow_plugin():
@@ -674,18 +601,6 @@ def test_refuses_an_unsupported_protocol_version():
 # ---------------------------------------------------------------- through the engine
 
 
-def rust_binaries():
-    """target/debug (or $CARGO_TARGET_DIR/debug), after `cargo build` as test_pyecho.py does
-    it (a no-op when fresh), unless TRELLIS_TEST_PREBUILT=1 says it is built already."""
-    if os.environ.get("TRELLIS_TEST_PREBUILT") != "1":
-        subprocess.run(
-            ["cargo", "build", "--quiet", "-p", "trellis", "-p", "trellis-provider-sim"],
-            cwd=ROOT, check=True,
-        )
-    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
-    return os.path.join(target, "debug")
-
-
 BLUEPRINT = """version: 2023-04-20
 resources:
   greeting:
@@ -776,20 +691,7 @@ def test_engine_deploy_drift_destroy():
 
 
 def main():
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    passed = failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-        except Exception:
-            failed += 1
-            print(f"FAIL {name}", flush=True)
-            traceback.print_exc()
-        else:
-            passed += 1
-            print(f"ok   {name}", flush=True)
-    print(f"kv: {passed} passed, {failed} failed", flush=True)
-    return 1 if failed else 0
+    return run_tests("kv", globals())
 
 
 if __name__ == "__main__":

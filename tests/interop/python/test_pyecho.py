@@ -16,15 +16,12 @@ Run: python3 -m pytest tests/interop/python  or  python3 tests/interop/python/te
 """
 
 import os
-import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,84 +45,22 @@ ensure_stubs()
 import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
+from plugin_process import (  # noqa: E402
+    EXIT_TIMEOUT,
+    RPC_TIMEOUT,
+    PluginProcess,
+    run_tests,
+    rust_binaries,
+)
+
 LAUNCHER = os.path.join(HERE, "bin", "trellis-provider-pyecho")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-HANDSHAKE_PREFIX = "TRELLIS_PLUGIN|"
-RPC_TIMEOUT = 10
-# The first launch on a fresh clone also generates the stubs.
-STARTUP_TIMEOUT = 60
-# A bound on a hang, not a speed check: the machine may be loaded.
-EXIT_TIMEOUT = 60.0
 
 
-class Plugin:
-    """A launched plugin process, as the engine holds it."""
+class Plugin(PluginProcess):
+    """The pyecho launcher (or another plugin binary), as the engine holds it."""
 
     def __init__(self, versions="1", launcher=LAUNCHER):
-        self.nonce = uuid.uuid4().hex
-        # Short path: a Unix socket path must fit in 108 bytes.
-        self.sock_dir = tempfile.mkdtemp(prefix="trellis-")
-        os.chmod(self.sock_dir, 0o700)
-        env = dict(os.environ)
-        env.update(
-            TRELLIS_PLUGIN_NONCE=self.nonce,
-            TRELLIS_PLUGIN_PROTOCOL_VERSIONS=versions,
-            TRELLIS_PLUGIN_SOCKET_DIR=self.sock_dir,
-        )
-        self.proc = subprocess.Popen(
-            [launcher],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-        self.stdout_lines = queue.Queue()
-        self.logs = []  # stderr and post-handshake stdout, as the engine would forward them
-        self._pumps = [threading.Thread(target=self._pump_stdout, daemon=True),
-                       threading.Thread(target=self._pump_stderr, daemon=True)]
-        for t in self._pumps:
-            t.start()
-        self.channel = None
-        self.socket_path = None
-
-    def _pump_stdout(self):
-        for raw in self.proc.stdout:
-            self.stdout_lines.put(raw.decode("utf-8", "replace").rstrip("\n"))
-        self.stdout_lines.put(None)
-
-    def _pump_stderr(self):
-        for raw in self.proc.stderr:
-            self.logs.append(raw.decode("utf-8", "replace").rstrip("\n"))
-
-    def read_handshake_line(self):
-        """Lines before the handshake line are ignored (a banner is allowed)."""
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no handshake line; logs: {self.logs}"
-            try:
-                line = self.stdout_lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if line is None:
-                return None  # stdout closed: the plugin exited
-            if line.startswith(HANDSHAKE_PREFIX):
-                return line
-
-    def connect(self):
-        line = self.read_handshake_line()
-        assert line is not None, f"plugin exited before its handshake line; logs: {self.logs}"
-        parts = line.split("|")
-        assert len(parts) == 4, line
-        _, version, network, address = parts
-        assert version == "1", line
-        assert network == "unix", line
-        assert os.path.dirname(address) == self.sock_dir, line
-        self.socket_path = address
-        self.channel = grpc.insecure_channel("unix:" + address)
-        grpc.channel_ready_future(self.channel).result(timeout=RPC_TIMEOUT)
-        return self
+        super().__init__([launcher], versions=versions)
 
     def plugin(self):
         return plugin_pb2_grpc.PluginStub(self.channel)
@@ -143,36 +78,6 @@ class Plugin:
             ),
             timeout=RPC_TIMEOUT,
         )
-
-    def wait_exit(self, timeout=EXIT_TIMEOUT):
-        """The exit code, or fails when the process is still running after `timeout`."""
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"plugin still running {timeout}s later; logs: {self.logs}")
-
-    def close(self):
-        if self.channel is not None:
-            self.channel.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        # The pipes end with the process: let the pumps read to the end before closing them
-        # (closing a pipe a pump is reading raised in its thread).
-        for t in self._pumps:
-            t.join(timeout=5)
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
-        shutil.rmtree(self.sock_dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def ctx(config=None, key=""):
@@ -309,7 +214,7 @@ def test_engine_flow_then_stdin_eof():
         res = apply(prov, secret, config, name="secret")[-1].result
         rendered = map_get(res.state, "rendered")
         assert rendered.string == "s3cret" and rendered.sensitive
-        assert all("s3cret" not in line for line in p.logs), "a sensitive value was logged"
+        assert all("s3cret" not in line for line in p.log_lines()), "a sensitive value was logged"
 
         # Application errors travel in the response, with a class and a path.
         bad = apply(prov, to_value({"repeat": 2}), config, name="bad")[-1].result
@@ -407,25 +312,14 @@ def test_sigterm_lets_an_in_flight_call_finish():
         assert first.WhichOneof("event") == "progress"
         p.proc.send_signal(signal.SIGTERM)
         rest = list(stream)
-        assert [e.WhichOneof("event") for e in rest] == ["result"]
-        assert p.wait_exit() == 0
+        assert [e.WhichOneof("event") for e in rest] == ["result"], (rest, p.log_lines())
+        assert p.wait_exit() == 0, p.log_lines()
 
 
 def test_refuses_an_unsupported_protocol_version():
     with Plugin(versions="2") as p:
-        assert p.read_handshake_line() is None
+        assert p.handshake_line() is None
         assert p.wait_exit() != 0
-
-
-def rust_binaries():
-    """The debug build directory, after building the engine and the sim provider in it."""
-    subprocess.run(
-        ["cargo", "build", "--quiet", "-p", "trellis", "-p", "trellis-provider-sim"],
-        cwd=ROOT,
-        check=True,
-    )
-    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
-    return os.path.join(target, "debug")
 
 
 def test_sdk_plugin_answers_a_stock_channel():
@@ -494,20 +388,7 @@ def test_engine_api_on_a_unix_socket_answers_a_stock_channel():
 
 
 def main():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    passed = failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-        except Exception:
-            failed += 1
-            print(f"FAIL {name}", flush=True)
-            traceback.print_exc()
-        else:
-            passed += 1
-            print(f"ok   {name}", flush=True)
-    print(f"pyecho: {passed} passed, {failed} failed", flush=True)
-    return 1 if failed else 0
+    return run_tests("pyecho", globals())
 
 
 if __name__ == "__main__":
