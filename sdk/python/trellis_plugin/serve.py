@@ -30,6 +30,10 @@ ENV_LOG = "TRELLIS_PLUGIN_LOG"
 # answer (with partial state) before the SDK gives up on them, remove the socket and exit.
 SHUTDOWN_GRACE = 4.0
 CANCEL_GRACE = 1.0
+# After the last call of a SIGTERM drain has answered, the socket stays open this long: its
+# answer may still be on the way, and a client writing to a socket already closed fails the
+# call (grpcio: UNAVAILABLE "Stream removed (sendmsg: Broken pipe)", 1 run in 40).
+LINGER = 0.2
 # Linux allows 107 bytes in a Unix socket path, macOS 103: stay under both.
 MAX_SOCKET_PATH = 100
 # gRPC's default receive limit is 4 MiB; the engine sends and accepts up to 64 MiB.
@@ -221,6 +225,8 @@ def serve(provider, *, max_workers=32, grace=SHUTDOWN_GRACE):
                 if len(calls):
                     log.warning("%d call(s) still running; cancelling them", len(calls))
                 calls.cancel_all()
+        if not engine_gone:
+            time.sleep(LINGER)
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -74,6 +74,10 @@ MAX_MESSAGE_BYTES = 64 << 20
 # cancelled: less than the engine's grace before SIGKILL, so that calls are
 # answered and the socket is removed.
 SHUTDOWN_GRACE_SECONDS = 4.0
+# After a SIGTERM drain, the socket stays open this long: the last answer may
+# still be on the way, and a client that writes to a closed socket fails the
+# call (grpcio: UNAVAILABLE "Stream removed (sendmsg: Broken pipe)").
+LINGER_SECONDS = 0.2
 
 log = logging.getLogger(NAMESPACE)
 
@@ -708,6 +712,8 @@ def main():
     # engine is gone and cannot receive any answer, so do not wait.
     grace = 0 if why and why[0] == "stdin closed" else SHUTDOWN_GRACE_SECONDS
     server.stop(grace).wait()
+    if grace:
+        time.sleep(LINGER_SECONDS)
     try:
         os.unlink(sock)
     except FileNotFoundError:
