@@ -1267,6 +1267,18 @@ pub async fn change_set_staleness_and_double_execution(h: &Harness) {
 pub async fn request_id_idempotency(h: &Harness) {
     let s = &h.store;
     let app = instance(h, "app").await;
+    // A history before the operation: its events are not the operation's.
+    let l = lease(h, &app, "engine-0").await;
+    s.commit(
+        &l,
+        vec![],
+        vec![ev("earlier", json!({})), ev("earlier", json!({}))],
+    )
+    .await
+    .unwrap();
+    s.release_lease(&l).await.unwrap();
+    let history = s.get_instance(&app.id).await.unwrap().last_seq;
+    assert!(history >= 2, "{history}");
 
     let first = s
         .create_operation(new_operation(&app, "req-1", "digest-a", "engine-1"))
@@ -1274,6 +1286,8 @@ pub async fn request_id_idempotency(h: &Harness) {
         .unwrap();
     assert!(first.created);
     let op = first.operation;
+    // Where a watch of the operation starts: every event of it comes later.
+    assert_eq!(op.events_after, history);
     assert_eq!(op.status, OperationStatus::Pending);
     assert_eq!(op.kind, OperationKind::Deploy);
     assert_eq!(op.request_id, "req-1");
@@ -1282,9 +1296,10 @@ pub async fn request_id_idempotency(h: &Harness) {
     assert_eq!((op.lease_owner.as_ref(), op.lease_epoch), (None, None));
     assert_eq!(op.finished_at, None);
     let last_seq = s.get_instance(&app.id).await.unwrap().last_seq;
+    let accepted = all_events(h, &app.id).await.pop().unwrap();
     assert_eq!(
-        all_events(h, &app.id).await.last().unwrap().kind,
-        "operation.accepted"
+        (accepted.kind.as_str(), accepted.seq),
+        ("operation.accepted", history + 1)
     );
 
     let retry = s

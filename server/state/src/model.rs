@@ -322,6 +322,10 @@ pub struct Operation {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub finished_at: Option<Timestamp>,
+    /// The instance's last event sequence number when the operation was recorded: all of the
+    /// operation's events come after it, so watching it need not read the instance's history
+    /// (0 for operations recorded before this was kept).
+    pub events_after: u64,
 }
 
 /// What `create_operation` returns: the operation, and whether this call created it (`false`

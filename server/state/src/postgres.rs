@@ -1318,8 +1318,9 @@ impl StateStore for PostgresStore {
                 }
                 let id = new_id("op");
                 w.tx.execute(&w.stmt("INSERT INTO operations (id, instance_id, kind, request_id, request_digest, \
-                     change_set_id, owner, status, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)").await?,
+                     change_set_id, owner, status, created_at, updated_at, events_after) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, \
+                     COALESCE((SELECT last_seq FROM instances WHERE id = $2), 0))").await?,
                     &[
                         &id,
                         &new.instance_id,

@@ -698,7 +698,7 @@ fn decode_change_set(row: &Row<'_>) -> Result<ChangeSet> {
 
 const OPERATION_COLS: &str = "id, instance_id, kind, request_id, request_digest, change_set_id, \
                               owner, status, lease_owner, lease_epoch, error, created_at, \
-                              updated_at, finished_at";
+                              updated_at, finished_at, events_after";
 
 fn decode_operation(row: &Row<'_>) -> Result<Operation> {
     let id: String = row.get(0)?;
@@ -723,6 +723,7 @@ fn decode_operation(row: &Row<'_>) -> Result<Operation> {
         created_at: ts(row.get(11)?),
         updated_at: ts(row.get(12)?),
         finished_at: row.get::<_, Option<i64>>(13)?.map(ts),
+        events_after: to_u64(row.get(14)?, &what)?,
         id,
     })
 }
@@ -1755,8 +1756,9 @@ impl StateStore for SqliteStore {
             let id = new_id("op");
             w.tx.prepare_cached(
                 "INSERT INTO operations (id, instance_id, kind, request_id, request_digest, \
-                 change_set_id, owner, status, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+                 change_set_id, owner, status, created_at, updated_at, events_after) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, \
+                 COALESCE((SELECT last_seq FROM instances WHERE id = ?2), 0))",
             )?
             .execute(params![
                 id,

@@ -168,7 +168,7 @@ pub(super) fn decode_change_set(row: &Row) -> Result<ChangeSet> {
 
 pub(super) const OPERATION_COLS: &str = "id, instance_id, kind, request_id, request_digest, \
      change_set_id, owner, status, lease_owner, lease_epoch, error, created_at, updated_at, \
-     finished_at";
+     finished_at, events_after";
 
 pub(super) fn decode_operation(row: &Row) -> Result<Operation> {
     let id: String = col(row, 0)?;
@@ -192,6 +192,7 @@ pub(super) fn decode_operation(row: &Row) -> Result<Operation> {
         created_at: ts(col(row, 11)?),
         updated_at: ts(col(row, 12)?),
         finished_at: col::<Option<i64>>(row, 13)?.map(ts),
+        events_after: to_u64(col(row, 14)?, &what)?,
         id,
     })
 }

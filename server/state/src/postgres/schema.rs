@@ -173,6 +173,15 @@ CREATE TABLE assets (
 );
 "#,
     },
+    Migration {
+        version: 4,
+        name: "operation event positions",
+        // The instance's last event sequence number when the operation was recorded: a watch
+        // of the operation starts there instead of reading the instance's whole history.
+        sql: r#"
+ALTER TABLE operations ADD COLUMN events_after BIGINT NOT NULL DEFAULT 0;
+"#,
+    },
 ];
 
 /// The schema version this build writes.

@@ -192,6 +192,15 @@ ALTER TABLE instances ADD COLUMN environment TEXT NOT NULL DEFAULT 'null';
 ALTER TABLE operations ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
 "#,
     },
+    Migration {
+        version: 8,
+        name: "operation event positions",
+        // The instance's last event sequence number when the operation was recorded: a watch
+        // of the operation starts there instead of reading the instance's whole history.
+        sql: r#"
+ALTER TABLE operations ADD COLUMN events_after INTEGER NOT NULL DEFAULT 0;
+"#,
+    },
 ];
 
 /// The schema version this build writes.

@@ -926,9 +926,10 @@ impl api::engine_server::Engine for EngineApi {
             .await
             .map_err(state_status)?;
         caller.check(&inst.name, Role::Viewer, "WatchOperation")?;
-        // Without a position, start where retention left off (an operation's events are all
-        // after that unless retention already removed them).
-        let after = r.after_seq.max(inst.pruned_through);
+        // Without a position, start at the operation's: its events all come after the
+        // instance's last one when it was recorded (or where retention left off, if later), so
+        // a long history is not read to find them.
+        let after = r.after_seq.max(inst.pruned_through).max(op.events_after);
         Ok(Response::new(watch(
             self.engine.clone(),
             op.instance_id,

@@ -194,6 +194,17 @@ fn deploy_change_and_destroy_local_resources() {
     let (code, out) = engine.json(&["destroy", "--instance", "app"]);
     assert_eq!(code, 0, "{out}");
     assert!(!root.join("out").exists(), "out/ still exists");
+    // The destroy's watch started at its own events, after the instance's long history, and
+    // missed none of them.
+    let id = out["operation"]["id"].as_str().unwrap();
+    let history = engine.events("app");
+    let mine = history.iter().filter(|(_, p)| p["operation"] == id).count();
+    assert!(
+        mine >= 4 && history.len() > 2 * mine,
+        "{mine} of {}",
+        history.len()
+    );
+    assert_eq!(out["events"], mine, "{out}");
     let inst = engine.instance("app");
     assert_eq!(inst["status"], "DESTROYED");
     assert_eq!(inst["resources"], serde_json::json!({}));
