@@ -7,8 +7,8 @@ from the CLI's start to the operation's first event, from it to the first intent
 read and the first unit of work), from the first to the last event, and for
 every layer when its first and its last resource finished (seconds after the first event) and
 how much longer than LATENCY its calls took, from intent to outcome (median and maximum: where
-a layer's spread comes from); for the destroy also the CPU the engine and its plugin processes
-used.
+a layer's spread comes from); for the destroy also the CPU the engine, its plugin processes and
+the watching CLI used.
 
 With --no-watch the destroy is started over the engine API (Python grpcio, stubs generated
 from proto/ into a temporary directory; `pip install grpcio-tools`) and polled with
@@ -25,6 +25,7 @@ import collections
 import importlib.util
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -114,17 +115,22 @@ def main():
             engine.cli("deploy", "--change-set", cs)
             plugins = bench.children(engine.pid)
             cpu = [bench.cpu_s(p) for p in [engine.pid, *plugins]]
+            # The CLI is the only child this script reaps during the destroy.
+            cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t1 = time.time()
             if stubs:
                 destroy_unwatched(stubs, engine.addr)
             else:
                 engine.cli("destroy", "--instance", "bench")
             t2 = time.time()
+            cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cli = (cli1.ru_utime + cli1.ru_stime) - (cli0.ru_utime + cli0.ru_stime)
             cpu = [bench.cpu_s(p) - c for p, c in zip([engine.pid, *plugins], cpu)]
             events = engine.events("bench")
             report("deploy", events, "resource.created", t0, t1, a.latency_ms)
             report("destroy", events, "resource.destroyed", t1, t2, a.latency_ms)
-            print(f"  CPU during the destroy: engine {cpu[0]:.2f} s, plugins {sum(cpu[1:]):.2f} s")
+            print(f"  CPU during the destroy: engine {cpu[0]:.2f} s, plugins {sum(cpu[1:]):.2f} s, "
+                  f"CLI {cli:.2f} s")
             engine.stop()
         finally:
             shutil.rmtree(work, ignore_errors=True)
