@@ -243,7 +243,7 @@ impl EventPrinter {
 }
 
 /// How much a sink holds back before writing it out anyway.
-const HELD_BACK: usize = 16 * 1024;
+pub(crate) const HELD_BACK: usize = 16 * 1024;
 
 /// How often a terminal's status line is redrawn while events keep coming.
 const REDRAW_EVERY: Duration = Duration::from_millis(100);
