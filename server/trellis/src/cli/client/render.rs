@@ -330,13 +330,14 @@ pub(super) fn operation_json(op: &pb::Operation) -> Json {
 }
 
 /// One line of `trellis events --format json`.
-pub(super) fn event_json(event: &pb::Event) -> Json {
+/// `payload` is the event's, parsed ([`payload`]).
+pub(super) fn event_json(event: &pb::Event, payload: Json) -> Json {
     json!({
         "seq": event.seq,
         "kind": event.kind,
         "at": if event.at_unix_ms == 0 { Json::Null } else { json!(rfc3339(event.at_unix_ms, true)) },
         "operationId": opt_str(&event.operation_id),
-        "payload": payload(event),
+        "payload": payload,
     })
 }
 

@@ -616,11 +616,17 @@ fn destroyed(i: u64) -> pb::Event {
     )
 }
 
+/// A destroy's display of `total` resources, as on a terminal (`tty`) or not, and its writes.
+fn display(tty: bool, total: usize) -> (LiveDisplay, Writes) {
+    let writes = Writes::default();
+    let progress = Progress::new("destroy", "app", Some(total));
+    let display = LiveDisplay::writing_to(progress, tty, Box::new(writes.clone()));
+    (display, writes)
+}
+
 #[test]
 fn progress_lines_go_out_together_when_the_stream_pauses() {
-    let writes = Writes::default();
-    let progress = Progress::new("destroy", "app", Some(2100));
-    let mut display = LiveDisplay::writing_to(progress, false, Box::new(writes.clone()));
+    let (mut display, writes) = display(false, 2100);
     for i in 0..100 {
         display.event(&destroyed(i)).unwrap();
     }
@@ -656,9 +662,7 @@ fn progress_lines_go_out_together_when_the_stream_pauses() {
 
 #[test]
 fn a_terminal_gets_the_finished_lines_then_one_status_line() {
-    let writes = Writes::default();
-    let progress = Progress::new("destroy", "app", Some(3));
-    let mut display = LiveDisplay::writing_to(progress, true, Box::new(writes.clone()));
+    let (mut display, writes) = display(true, 3);
     for i in 0..3 {
         display.event(&destroyed(i)).unwrap();
     }
@@ -690,7 +694,7 @@ fn events_as_json_and_lines() {
         json!({"resource": "config", "externalId": "/x"}),
     );
     assert_eq!(
-        event_json(&e),
+        event_json(&e, payload(&e)),
         json!({
             "seq": 12,
             "kind": "resource.created",
@@ -733,9 +737,9 @@ fn events_as_json_and_lines() {
         at_unix_ms: 0,
         ..e
     };
-    assert_eq!(event_json(&raw)["payload"], "not json");
-    assert_eq!(event_json(&raw)["operationId"], Json::Null);
-    assert_eq!(event_json(&raw)["at"], Json::Null);
+    assert_eq!(event_json(&raw, payload(&raw))["payload"], "not json");
+    assert_eq!(event_json(&raw, payload(&raw))["operationId"], Json::Null);
+    assert_eq!(event_json(&raw, payload(&raw))["at"], Json::Null);
 }
 
 #[test]

@@ -228,8 +228,8 @@ pub(crate) struct EventPrinter {
     pub(crate) format: OutputFormat,
     pub(crate) names: EventNames,
     /// Lines not written yet: they go out when the stream pauses (`--follow` is read live,
-    /// through pipes too) or when this much is held.
-    pub(crate) pending: String,
+    /// through pipes too) or when [`HELD_BACK`] bytes are held.
+    pending: String,
 }
 
 impl EventPrinter {
@@ -263,7 +263,9 @@ impl WatchSink for EventPrinter {
         let payload = payload(event);
         self.names.learn(&payload);
         match self.format {
-            OutputFormat::Json => self.pending.push_str(&event_json(event).to_string()),
+            OutputFormat::Json => self
+                .pending
+                .push_str(&event_json(event, payload).to_string()),
             OutputFormat::Text => {
                 let line = event_line(event, &payload, &self.names.types);
                 let at = rfc3339(event.at_unix_ms, false);
@@ -486,7 +488,7 @@ impl LiveDisplay {
     }
 
     /// Writes the lines held back and, on a terminal, the status line after them.
-    fn write_out(&mut self) {
+    fn flush_held(&mut self) {
         if self.tty {
             self.draw();
         } else {
@@ -527,12 +529,12 @@ impl WatchSink for LiveDisplay {
                 let _ = writeln!(self.pending, "\r\x1b[2K{line}");
             }
             if self.drawn.elapsed() >= self.redraw_every {
-                self.write_out();
+                self.flush_held();
             }
         } else {
             let _ = writeln!(self.pending, "{line}");
             if self.pending.len() >= HELD_BACK {
-                self.write_out();
+                self.flush_held();
             }
         }
         Ok(())
@@ -540,12 +542,12 @@ impl WatchSink for LiveDisplay {
 
     fn refresh(&mut self) {
         if self.tty {
-            self.write_out();
+            self.flush_held();
         }
     }
 
     fn idle(&mut self) -> Result<(), Failure> {
-        self.write_out();
+        self.flush_held();
         Ok(())
     }
 }
