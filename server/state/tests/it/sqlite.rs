@@ -59,7 +59,28 @@ fn open_with_clock(dir: &Path, clock: Arc<ManualClock>) -> SqliteStore {
         clock,
         ..SqliteOptions::default()
     };
-    SqliteStore::open_with(dir, options).expect("open store")
+    reopen_with(dir, options)
+}
+
+/// Opens the store in `dir`, which this process may have closed a moment ago. The lock is an
+/// `flock` on open file descriptions: a child process another test is spawning holds copies of
+/// every descriptor from its fork until its exec closes them (close-on-exec), so a lock this
+/// process just released can still be held for that instant. It is waited out, within a bound
+/// that only stops a hang. (The engine never reopens a store in-process.)
+fn reopen_with(dir: &Path, options: SqliteOptions) -> SqliteStore {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match SqliteStore::open_with(dir, options.clone()) {
+            Err(StateError::DataDirLocked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            r => return r.expect("open store"),
+        }
+    }
+}
+
+fn reopen(dir: &Path) -> SqliteStore {
+    reopen_with(dir, SqliteOptions::default())
 }
 
 async fn harness() -> Harness {
@@ -274,7 +295,7 @@ fn second_open_fails_while_the_data_dir_is_locked() {
         Err(StateError::DataDirLocked { .. })
     ));
     drop(clone);
-    let reopened = SqliteStore::open(dir.path()).expect("reopen after drop");
+    let reopened = reopen(dir.path());
     drop(reopened);
 }
 
@@ -292,7 +313,7 @@ fn a_lock_held_by_another_process_blocks_until_it_dies() {
     }
     // SIGKILL: no destructor runs, the kernel releases the lock with the process.
     helper.kill();
-    SqliteStore::open(dir.path()).expect("open after the holder died");
+    reopen(dir.path());
 }
 
 // ---- schema and durability --------------------------------------------------------------------
@@ -301,7 +322,7 @@ fn a_lock_held_by_another_process_blocks_until_it_dies() {
 fn migrations_are_idempotent_and_a_newer_schema_is_refused() {
     let dir = TempDir::new("migrations");
     for _ in 0..3 {
-        drop(SqliteStore::open(dir.path()).unwrap());
+        drop(reopen(dir.path()));
     }
     let db = dir.path().join("state.db");
     let conn = rusqlite::Connection::open(&db).unwrap();
@@ -569,7 +590,7 @@ async fn bad_rows_are_corrupt_errors_not_panics() {
         let conn = rusqlite::Connection::open(&db).unwrap();
         conn.execute_batch(sql).unwrap();
     };
-    let reopen = || SqliteStore::open(dir.path()).unwrap();
+    let damaged = || reopen(dir.path());
     fn corrupt<T: std::fmt::Debug>(r: Result<T>, needle: &str) {
         match r {
             Err(StateError::Corrupt(msg)) => assert!(msg.contains(needle), "{msg}"),
@@ -578,19 +599,19 @@ async fn bad_rows_are_corrupt_errors_not_panics() {
     }
 
     damage("UPDATE resources SET status = 'exploded'");
-    corrupt(reopen().load_state(&inst.id).await, "exploded");
+    corrupt(damaged().load_state(&inst.id).await, "exploded");
     damage("UPDATE resources SET status = 'created', spec = '{not json'");
-    corrupt(reopen().load_state(&inst.id).await, "spec");
+    corrupt(damaged().load_state(&inst.id).await, "spec");
     damage("UPDATE events SET payload = 'nope' WHERE seq = 2");
-    corrupt(reopen().events_since(&inst.id, 0, 10).await, "event 2");
+    corrupt(damaged().events_since(&inst.id, 0, 10).await, "event 2");
     damage("UPDATE change_sets SET body = '['");
-    corrupt(reopen().get_change_set(&cs.id).await, "body");
+    corrupt(damaged().get_change_set(&cs.id).await, "body");
     damage("UPDATE instances SET version = -1");
-    corrupt(reopen().get_instance(&inst.id).await, "negative");
-    corrupt(reopen().list_instances().await, "negative");
+    corrupt(damaged().get_instance(&inst.id).await, "negative");
+    corrupt(damaged().list_instances().await, "negative");
     damage("UPDATE instances SET version = 1, lease_epoch = -5");
     // Even the fencing check reports it rather than trusting it.
-    corrupt(reopen().commit(&lease, vec![], vec![]).await, "negative");
+    corrupt(damaged().commit(&lease, vec![], vec![]).await, "negative");
 }
 
 /// A writer killed with SIGKILL at an arbitrary point: on reopen, everything it reported as
@@ -634,7 +655,7 @@ async fn crash_mid_write_loses_nothing_committed() {
         }
         assert!(created.len() >= target);
 
-        let store = SqliteStore::open(dir.path()).expect("reopen after SIGKILL");
+        let store = reopen(dir.path());
         let inst = store
             .find_instance(&format!("crash-{round}"))
             .await
