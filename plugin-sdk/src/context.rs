@@ -77,6 +77,15 @@ impl Context {
         }
     }
 
+    /// The context of one item of a call over several resources: the call's, with the item's
+    /// idempotency key (the cancellation token is shared: cancelling the call cancels them all).
+    pub(crate) fn for_item(&self, idempotency_key: String) -> Context {
+        Context {
+            idempotency_key,
+            ..self.clone()
+        }
+    }
+
     /// Sets the call id (for unit tests).
     pub fn with_call_id(mut self, id: impl Into<String>) -> Context {
         self.call_id = id.into();

@@ -409,6 +409,7 @@ pub(crate) fn provider_services<P: Provider>(provider: P, nonce: String) -> Resu
         functions: !functions.is_empty(),
         custom_variable_types: !variable_types.is_empty(),
         cancel: true,
+        destroy_resources: true,
         import_resource: resources.values().any(|(r, _)| r.supports_import()),
     };
     let manifest = pb::Manifest {
@@ -582,6 +583,9 @@ fn result_event(r: pb::ApplyResult) -> pb::ApplyResourceEvent {
 type ApplyStream =
     Pin<Box<dyn Stream<Item = std::result::Result<pb::ApplyResourceEvent, Status>> + Send>>;
 
+type DestroyStream =
+    Pin<Box<dyn Stream<Item = std::result::Result<pb::DestroyResourcesEvent, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl ProviderRpc for ProviderSvc {
     async fn validate_config(
@@ -753,6 +757,52 @@ impl ProviderRpc for ProviderSvc {
         Ok(Response::new(pb::DestroyResourceResponse {
             error: r.err().map(|e| e.to_proto()),
         }))
+    }
+
+    type DestroyResourcesStream = DestroyStream;
+
+    /// Each item runs on its own task through the resource's `destroy`, as DestroyResource
+    /// would run it, with the batch's context and the item's idempotency key; the batch is one
+    /// call for Cancel and for a drain. Outcomes go out as they come.
+    async fn destroy_resources(
+        &self,
+        request: Request<pb::DestroyResourcesRequest>,
+    ) -> Reply<DestroyStream> {
+        let req = request.into_inner();
+        let (base, guard) = self.0.calls.context(req.context, None);
+        let guard = Arc::new(guard);
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (index, item) in (0u32..).zip(req.items) {
+            let core = self.0.clone();
+            let tx = tx.clone();
+            let guard = guard.clone();
+            let ctx = base.for_item(item.idempotency_key);
+            tokio::spawn(async move {
+                let _guard = guard;
+                let work = async {
+                    let current = item.current.map(ResourceState::from_proto).ok_or_else(|| {
+                        PluginError::bad_input("a DestroyResources item needs its current state")
+                    })?;
+                    let (resource, _) = core.resource(&current.resource_type)?;
+                    guarded(&ctx, "DestroyResource", resource.destroy(&ctx, &current)).await
+                };
+                tokio::pin!(work);
+                // The engine dropping the call cancels what is left of it, as for ApplyResource
+                // (the items share one token).
+                let r = tokio::select! {
+                    r = &mut work => r,
+                    () = tx.closed() => {
+                        tracing::info!(id = %ctx.call_id(), "the engine dropped the call; cancelling it");
+                        ctx.cancellation_token().cancel();
+                        work.await
+                    }
+                };
+                let error = r.err().map(|e| e.to_proto());
+                let _ = tx.send(Ok(pb::DestroyResourcesEvent { index, error }));
+            });
+        }
+        drop(tx);
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
     }
 
     async fn read_resource(

@@ -144,6 +144,8 @@ async fn hello_serves_grpc_health() {
 
 struct Kitchen {
     attempts: Arc<AtomicU32>,
+    /// The idempotency keys `destroy` was called with.
+    destroyed: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Provider for Kitchen {
@@ -156,6 +158,7 @@ impl Provider for Kitchen {
     fn resources(&self) -> Vec<Box<dyn Resource>> {
         vec![Box::new(Sink {
             attempts: self.attempts.clone(),
+            destroyed: self.destroyed.clone(),
         })]
     }
     fn data_sources(&self) -> Vec<Box<dyn DataSource>> {
@@ -190,6 +193,7 @@ struct Broken;
 #[derive(Default)]
 struct Sink {
     attempts: Arc<AtomicU32>,
+    destroyed: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 #[async_trait]
@@ -279,11 +283,16 @@ impl Resource for Sink {
             req.current.state.clone(),
         ))
     }
-    async fn destroy(&self, _ctx: &Context, current: &ResourceState) -> Result<()> {
-        if current.external_id == "gone" {
-            return Err(PluginError::not_found("no such sink"));
+    async fn destroy(&self, ctx: &Context, current: &ResourceState) -> Result<()> {
+        self.destroyed
+            .lock()
+            .expect("lock")
+            .push(ctx.idempotency_key().to_owned());
+        match current.external_id.as_str() {
+            "gone" => Err(PluginError::not_found("no such sink")),
+            "slow" => ctx.sleep(Duration::from_secs(30)).await,
+            _ => Ok(()),
         }
-        Ok(())
     }
     fn supports_read(&self) -> bool {
         true
@@ -407,6 +416,7 @@ impl CustomVariableType for Sizes {
 fn kitchen() -> Kitchen {
     Kitchen {
         attempts: Arc::new(AtomicU32::new(0)),
+        destroyed: Arc::default(),
     }
 }
 
@@ -427,6 +437,7 @@ async fn capabilities_follow_what_is_implemented() {
             && caps.functions
             && caps.custom_variable_types
             && caps.cancel
+            && caps.destroy_resources
     );
     let m = h.manifest().await.expect("manifest");
     assert_eq!(m.data_source_types[0].filter_fields.len(), 1);
@@ -629,6 +640,85 @@ async fn cancel_by_call_id() {
         "finished calls are forgotten"
     );
     assert!(!h.cancel("never-started").await.expect("cancel"));
+}
+
+/// DestroyResources: each item goes through the resource's `destroy` with its own key, and its
+/// outcome comes as soon as it is known (the quick ones are not held behind a slow one); Cancel
+/// with the call's id reaches the items still running, and the stream ends with the last.
+#[tokio::test]
+async fn destroy_resources_streams_each_outcome_as_it_comes() {
+    let k = kitchen();
+    let destroyed = k.destroyed.clone();
+    let h = start(k).await;
+    let ctx = pb::CallContext {
+        idempotency_key: String::new(),
+        ..h.call_context()
+    };
+    let id = ctx.call_id.clone();
+    let item = |ty: &str, external_id: &str, key: &str| pb::DestroyItem {
+        idempotency_key: key.into(),
+        current: Some(
+            ResourceState {
+                resource_type: ty.into(),
+                name: external_id.into(),
+                external_id: external_id.into(),
+                ..Default::default()
+            }
+            .to_proto(),
+        ),
+    };
+    let req = pb::DestroyResourcesRequest {
+        context: Some(ctx),
+        items: vec![
+            item("kitchen/sink", "slow", "k0"),
+            item("kitchen/sink", "sink-1", "k1"),
+            item("kitchen/sink", "gone", "k2"),
+            item("kitchen/oven", "oven-1", "k3"),
+        ],
+    };
+    let mut stream = h
+        .provider_client()
+        .destroy_resources(req)
+        .await
+        .expect("call")
+        .into_inner();
+    let class = |e: &pb::DestroyResourcesEvent| e.error.as_ref().map(|e| e.error_class);
+    let mut quick = Vec::new();
+    for _ in 0..3 {
+        let e = stream.message().await.expect("stream").expect("an outcome");
+        quick.push((e.index, class(&e)));
+    }
+    quick.sort_unstable();
+    assert_eq!(
+        quick,
+        vec![
+            (1, None),
+            (2, Some(pb::ErrorClass::NotFound as i32)),
+            (3, Some(pb::ErrorClass::BadInput as i32)),
+        ]
+    );
+    assert!(
+        h.cancel(&id).await.expect("cancel"),
+        "the batch is one call"
+    );
+    let last = stream
+        .message()
+        .await
+        .expect("stream")
+        .expect("the slow one");
+    assert_eq!(
+        (last.index, class(&last)),
+        (0, Some(pb::ErrorClass::Transient as i32))
+    );
+    assert!(last.error.is_some_and(|e| e.message.contains("cancelled")));
+    assert!(stream.message().await.expect("stream").is_none());
+    let mut keys = destroyed.lock().expect("lock").clone();
+    keys.sort();
+    assert_eq!(keys, ["k0", "k1", "k2"]);
+    assert!(
+        !h.cancel(&id).await.expect("cancel"),
+        "finished calls are forgotten"
+    );
 }
 
 #[tokio::test]

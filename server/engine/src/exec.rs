@@ -467,10 +467,19 @@ fn schedule(
             }
             match ctx.commit_blocking(changes, events) {
                 Ok(_) => {
+                    in_flight += batch.len();
+                    let (batch, groups) = destroy_groups(batch);
+                    for group in groups {
+                        let tx = tx.clone();
+                        let ctx2 = ctx.clone();
+                        ctx.rt
+                            .spawn(tracing::Instrument::in_current_span(destroy_group(
+                                ctx2, group, tx,
+                            )));
+                    }
                     for (i, job) in batch {
                         let tx = tx.clone();
                         let ctx2 = ctx.clone();
-                        in_flight += 1;
                         ctx.rt
                             .spawn(tracing::Instrument::in_current_span(async move {
                                 let r = AssertUnwindSafe(call(&ctx2, &job)).catch_unwind().await;
@@ -516,6 +525,70 @@ fn schedule(
         Some(f) => Err(f),
         None if done < nodes.len() => Err(("a dependency cycle blocked the plan".into(), false)),
         None => Ok(()),
+    }
+}
+
+/// The destroys of a turn that can go to their provider together, one group a provider with
+/// more than one, apart from the rest of the turn.
+#[allow(clippy::type_complexity)]
+fn destroy_groups(batch: Vec<(usize, Apply)>) -> (Vec<(usize, Apply)>, Vec<Vec<(usize, Apply)>>) {
+    let mut rest = Vec::new();
+    let mut groups: Vec<Vec<(usize, Apply)>> = Vec::new();
+    for (i, job) in batch {
+        let Apply::Destroy { current, .. } = &job else {
+            rest.push((i, job));
+            continue;
+        };
+        let ns = namespace_of(&current.resource_type);
+        let same = |g: &Vec<(usize, Apply)>| matches!(&g[0].1, Apply::Destroy { current: c, .. } if namespace_of(&c.resource_type) == ns);
+        match groups.iter_mut().find(|g| same(g)) {
+            Some(g) => g.push((i, job)),
+            None => groups.push(vec![(i, job)]),
+        }
+    }
+    let (groups, single): (Vec<_>, Vec<_>) = groups.into_iter().partition(|g| g.len() > 1);
+    rest.extend(single.into_iter().flatten());
+    (rest, groups)
+}
+
+fn namespace_of(resource_type: &str) -> &str {
+    resource_type.split('/').next().unwrap_or_default()
+}
+
+/// The destroys of one provider started in one turn, handed to it together
+/// ([`Provisioner::destroy_many`]); each outcome goes to the loop as it comes, like a call of
+/// its own.
+async fn destroy_group(
+    ctx: Arc<RunContext>,
+    group: Vec<(usize, Apply)>,
+    tx: mpsc::UnboundedSender<Msg>,
+) {
+    let items: Vec<(Target, String)> = group
+        .iter()
+        .map(|(_, job)| match job {
+            Apply::Destroy { current, key } => (target(&ctx, current), key.clone()),
+            _ => unreachable!("destroy_groups groups destroys only"),
+        })
+        .collect();
+    let jobs = std::sync::Mutex::new(group.into_iter().map(Some).collect::<Vec<_>>());
+    let take = |k: usize| jobs.lock().unwrap_or_else(|e| e.into_inner())[k].take();
+    let done = |k: usize, r: Result<(), Failure>| {
+        if let Some((i, job)) = take(k) {
+            let _ = tx.send(Msg::Called(i, job, r.map(|()| None)));
+        }
+    };
+    let run = AssertUnwindSafe(ctx.provisioner.destroy_many(&items, &done)).catch_unwind();
+    // After a panic the outcomes not given are unknown: their intents stay.
+    let why = match run.await {
+        Ok(()) => {
+            "the engine got no outcome for this destroy (a bug); the resource is left for reconcile"
+        }
+        Err(_) => PANICKED,
+    };
+    for k in 0..items.len() {
+        if let Some((i, _)) = take(k) {
+            let _ = tx.send(Msg::Done(i, Err(why.into())));
+        }
     }
 }
 

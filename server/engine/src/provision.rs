@@ -132,6 +132,16 @@ pub trait Provisioner: Send + Sync + 'static {
         idempotency_key: &str,
     ) -> Result<Applied, Failure>;
     async fn destroy(&self, target: &Target, idempotency_key: &str) -> Result<(), Failure>;
+    /// Destroys several resources of one provider at once (`items`: each target with its
+    /// idempotency key): calls `done(k, result)` once for each item `k` as its outcome is
+    /// known, in any order, the result `destroy` of it alone would give.
+    async fn destroy_many(
+        &self,
+        items: &[(Target, String)],
+        done: &(dyn Fn(usize, Result<(), Failure>) + Send + Sync),
+    ) {
+        destroy_each(self, items, done).await;
+    }
     async fn read(&self, target: &Target) -> Result<Observed, Failure>;
     /// An existing resource the state does not record, found by the id a user gave
     /// (`trellis import`), described as a blueprint would declare it.
@@ -151,6 +161,23 @@ pub trait Provisioner: Send + Sync + 'static {
     async fn spec_schema(&self, resource_type: &str) -> Option<pb::Schema> {
         let _ = resource_type;
         None
+    }
+}
+
+/// [`Provisioner::destroy_many`] as one `destroy` per item, all at once.
+async fn destroy_each<P: Provisioner + ?Sized>(
+    p: &P,
+    items: &[(Target, String)],
+    done: &(dyn Fn(usize, Result<(), Failure>) + Send + Sync),
+) {
+    use futures_util::StreamExt as _;
+    let mut calls: futures_util::stream::FuturesUnordered<_> = items
+        .iter()
+        .enumerate()
+        .map(|(k, (target, key))| async move { (k, p.destroy(target, key).await) })
+        .collect();
+    while let Some((k, r)) = calls.next().await {
+        done(k, r);
     }
 }
 
@@ -301,6 +328,24 @@ fn options(target: &Target, namespace: &str, key: &str) -> CallOptions {
     }
 }
 
+/// What a DestroyResources item's answer means for its resource, as `destroy_call` reads a
+/// DestroyResource's; `None`: a transient failure, to retry on its own.
+fn item_outcome(
+    ns: &str,
+    target: &Target,
+    error: Option<pb::Error>,
+) -> Option<Result<(), Failure>> {
+    match error {
+        Some(e) if e.error_class == pb::ErrorClass::Transient as i32 => None,
+        // Already gone is what destroy wants.
+        Some(e) if e.error_class != pb::ErrorClass::NotFound as i32 => {
+            let f = Failure::new(format!("provider `{ns}`: {}", e.message));
+            Some(Err(f.redacted(&target_secrets(target))))
+        }
+        _ => Some(Ok(())),
+    }
+}
+
 /// The calls themselves; the [`Provisioner`] implementation below cuts secrets out of their
 /// failures.
 impl PluginProvisioner {
@@ -395,6 +440,101 @@ impl PluginProvisioner {
                 )))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// The provider's client when `items` can go in one DestroyResources call: more than one,
+    /// all of one provider, which declares the capability.
+    async fn batch_client(
+        &self,
+        items: &[(Target, String)],
+    ) -> Option<crate::plugins::ProviderClient> {
+        let ns = namespace(&items.first()?.0.resource_type);
+        if items.len() < 2 || items.iter().any(|(t, _)| namespace(&t.resource_type) != ns) {
+            return None;
+        }
+        let client = self.host.provider(ns).ok()?;
+        let caps = client.capabilities().await.ok()?;
+        caps.destroy_resources.then_some(client)
+    }
+
+    /// `items` in DestroyResources calls, failures cleaned of the secrets of their own item. An
+    /// item that fails transiently is retried alone, as a DestroyResource under the provider's
+    /// retry policy.
+    async fn destroy_batch(
+        &self,
+        client: crate::plugins::ProviderClient,
+        items: &[(Target, String)],
+        done: &(dyn Fn(usize, Result<(), Failure>) + Send + Sync),
+    ) {
+        use futures_util::StreamExt as _;
+        let ns = namespace(&items[0].0.resource_type);
+        // Never created: nothing to ask the provider.
+        let mut sent = Vec::with_capacity(items.len());
+        let mut req = pb::DestroyResourcesRequest::default();
+        for (k, (target, key)) in items.iter().enumerate() {
+            match current(target) {
+                None => done(k, Ok(())),
+                Some(current) => {
+                    sent.push(k);
+                    req.items.push(pb::DestroyItem {
+                        idempotency_key: key.clone(),
+                        current: Some(current),
+                    });
+                }
+            }
+        }
+        let Some(&first) = sent.first() else { return };
+        let opts = CallOptions {
+            // Each item carries its own.
+            idempotency_key: Some(String::new()),
+            ..options(&items[first].0, ns, "")
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<pb::DestroyResourcesEvent>();
+        let call = client.destroy_resources(req, &opts, move |e| {
+            let _ = tx.send(e);
+        });
+        tokio::pin!(call);
+        let retry = |k: usize| {
+            let (target, key) = &items[k];
+            async move { (k, self.destroy(target, key).await) }
+        };
+        let mut answered = vec![false; sent.len()];
+        let mut retries = futures_util::stream::FuturesUnordered::new();
+        let mut ended: Option<Result<(), PluginError>> = None;
+        let mut arrived = Vec::new();
+        loop {
+            tokio::select! {
+                r = &mut call, if ended.is_none() => ended = Some(r),
+                Some(e) = rx.recv(), if ended.is_none() => arrived.push(e),
+                Some((k, r)) = retries.next(), if !retries.is_empty() => done(k, r),
+                else => break,
+            }
+            if ended.is_some() {
+                // What came before the end is all there will be.
+                while let Ok(e) = rx.try_recv() {
+                    arrived.push(e);
+                }
+            }
+            for e in arrived.drain(..) {
+                // The client passes only indexes in range, once each.
+                let j = e.index as usize;
+                answered[j] = true;
+                let k = sent[j];
+                match item_outcome(ns, &items[k].0, e.error) {
+                    Some(r) => done(k, r),
+                    None => retries.push(retry(k)),
+                }
+            }
+        }
+        if let Some(Err(e)) = ended {
+            for (j, _) in answered.iter().enumerate().filter(|(_, a)| !**a) {
+                let k = sent[j];
+                done(
+                    k,
+                    Err(Failure::of_call(&e).redacted(&target_secrets(&items[k].0))),
+                );
+            }
         }
     }
 
@@ -591,6 +731,17 @@ impl Provisioner for PluginProvisioner {
         self.destroy_call(target, idempotency_key)
             .await
             .map_err(|f| f.redacted(&target_secrets(target)))
+    }
+
+    async fn destroy_many(
+        &self,
+        items: &[(Target, String)],
+        done: &(dyn Fn(usize, Result<(), Failure>) + Send + Sync),
+    ) {
+        match self.batch_client(items).await {
+            Some(client) => self.destroy_batch(client, items, done).await,
+            None => destroy_each(self, items, done).await,
+        }
     }
 
     async fn read(&self, target: &Target) -> Result<Observed, Failure> {

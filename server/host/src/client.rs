@@ -77,6 +77,12 @@ with_context!(
     pb::PlanResourceRequest => |r| &r.resource_type,
     pb::ApplyResourceRequest => |r| &r.resource_type,
     pb::DestroyResourceRequest => |r| r.current.as_ref().map_or("", |c| &c.resource_type),
+    // A batch may hold several types of the provider: labelled by its first.
+    pb::DestroyResourcesRequest => |r| r
+        .items
+        .first()
+        .and_then(|i| i.current.as_ref())
+        .map_or("", |c| &c.resource_type),
     pb::ReadResourceRequest => |r| r.current.as_ref().map_or("", |c| &c.resource_type),
     pb::ImportResourceRequest => |r| &r.resource_type,
     pb::FetchDataSourceRequest,
@@ -149,6 +155,15 @@ app_result!(
     pb::ReadLinkIntermediariesResponse,
     pb::TransformResponse
 );
+
+/// A streamed call whose outcomes went to a callback as they came: nothing is left to report.
+struct Streamed;
+
+impl AppResult for Streamed {
+    fn app_error(&self) -> Option<&pb::Error> {
+        None
+    }
+}
 
 impl AppResult for pb::ValidateResponse {
     fn app_error(&self) -> Option<&pb::Error> {
@@ -712,6 +727,66 @@ impl ProviderClient {
                 },
             )
             .await
+    }
+
+    /// Destroys several resources in one call (capability `destroy_resources`); `on_item`
+    /// sees each item's outcome as it comes, in any order. The call as a whole is attempted
+    /// once (an item that fails transiently is its caller's to retry); an `Err` says no
+    /// further outcome will come, and the items without one are unknown.
+    pub async fn destroy_resources(
+        &self,
+        req: pb::DestroyResourcesRequest,
+        opts: &CallOptions,
+        on_item: impl Fn(pb::DestroyResourcesEvent) + Send + Sync + 'static,
+    ) -> Result<(), PluginError> {
+        let items = req.items.len();
+        let on_item = Arc::new(on_item);
+        let this = self.clone();
+        self.c
+            .call(
+                CallKind::DestroyResource,
+                "DestroyResources".into(),
+                opts,
+                req,
+                Some(("destroy_resources", |c| c.destroy_resources)),
+                move |ch, r| {
+                    let mut c = this.raw(ch);
+                    let on_item = on_item.clone();
+                    async move {
+                        let mut stream = c.destroy_resources(r).await?.into_inner();
+                        let mut answered = vec![false; items];
+                        while let Some(event) = stream.message().await? {
+                            // An index out of range or answered twice would be a broken
+                            // plugin; its first answer stands.
+                            match answered.get_mut(event.index as usize) {
+                                Some(seen @ false) => {
+                                    *seen = true;
+                                    on_item(event);
+                                }
+                                _ => {
+                                    return Err(Fail::Protocol(format!(
+                                        "DestroyResources answered item {} {}",
+                                        event.index,
+                                        if (event.index as usize) < items {
+                                            "twice"
+                                        } else {
+                                            "which it was not sent"
+                                        }
+                                    )));
+                                }
+                            }
+                        }
+                        match answered.iter().filter(|a| !**a).count() {
+                            0 => Ok(Streamed),
+                            n => Err(Fail::Protocol(format!(
+                                "the DestroyResources stream ended with {n} of {items} items unanswered"
+                            ))),
+                        }
+                    }
+                },
+            )
+            .await
+            .map(|Streamed| ())
     }
 
     pub async fn read_resource(

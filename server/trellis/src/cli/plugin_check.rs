@@ -8,7 +8,8 @@
 //! With a cases file (a YAML or JSON list of `{type, config?, spec, update?}`) it runs each
 //! case through a provider's life: validate, create, read (what was written must read back:
 //! a field that reads differently is phantom drift), a repeated create with the same
-//! idempotency key (no second resource), update, read, destroy, read (gone), destroy again;
+//! idempotency key (no second resource), update, read, destroy, read (gone), destroy again
+//! (and, when the plugin declares `destroy_resources`, again as a DestroyResources of two);
 //! an importable type's resource is also imported by its id and must read back as imported.
 //!
 //! Every finding names the check, the RPC and, where there is one, the field. The lifecycle
@@ -1003,6 +1004,53 @@ async fn run_case(
                 describe(&e)
             ),
         ));
+    }
+    // A plugin declaring DestroyResources answers each item once (the client checks it), and
+    // what is gone is destroyed.
+    if client
+        .capabilities()
+        .await
+        .is_ok_and(|c| c.destroy_resources)
+    {
+        let items = (0..2)
+            .map(|n| pb::DestroyItem {
+                idempotency_key: format!("{key}-destroy-batch-{n}"),
+                current: Some(current.clone()),
+            })
+            .collect();
+        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = failed.clone();
+        let r = client
+            .destroy_resources(
+                pb::DestroyResourcesRequest {
+                    context: None,
+                    items,
+                },
+                &options(""),
+                move |e| {
+                    if let Some(err) = e
+                        .error
+                        .filter(|e| e.error_class != pb::ErrorClass::NotFound as i32)
+                    {
+                        seen.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(err.message);
+                    }
+                },
+            )
+            .await;
+        let failed = failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match r {
+            Err(e) => out.push(Finding::new("DestroyResources", describe(&e))),
+            Ok(()) if !failed.is_empty() => out.push(Finding::new(
+                "DestroyResources",
+                format!(
+                    "destroying what is already gone must succeed, in a batch too: {}",
+                    failed.join("; ")
+                ),
+            )),
+            Ok(()) => {}
+        }
     }
     out
 }

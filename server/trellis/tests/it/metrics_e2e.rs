@@ -242,3 +242,59 @@ fn metrics_listen_needs_host_and_port() {
         "{err}"
     );
 }
+
+/// Destroys that start together go to their provider as one DestroyResources call (the sim
+/// declares the capability, as every plugin built on the Rust SDK does): each item with its
+/// own idempotency key, each outcome on its own (a transient failure retried alone, as a
+/// DestroyResource; a refusal failing only its resource).
+#[test]
+fn destroys_started_together_go_to_their_provider_in_one_call() {
+    let root = TempDir::new("metrics-batch");
+    let journal = root.join("journal.txt");
+    let mut blueprint = String::from("version: 2023-04-20\nresources:\n");
+    for name in ["a", "b", "c"] {
+        blueprint += &format!("  {name}:\n    type: sim/resource\n    spec:\n      latencyMs: 0\n");
+    }
+    blueprint +=
+        "  flaky:\n    type: sim/resource\n    spec:\n      failOn: destroy\n      failTimes: 1\n";
+    blueprint += "  stuck:\n    type: sim/resource\n    spec:\n      failOn: destroy\n      failClass: conflict\n";
+    write(&root.join("five.yaml"), &blueprint);
+    let engine = Engine::builder(root.path())
+        .args(&["--metrics-listen", "127.0.0.1:0"])
+        .env("TRELLIS_SIM_JOURNAL", &journal)
+        .start();
+    let addr = engine.metrics.clone().expect("metrics address");
+    let (code, out) = engine.json(&["deploy", "five.yaml", "--instance", "five"]);
+    assert_eq!(code, 0, "{out}");
+
+    let (code, out) = engine.json(&["destroy", "--instance", "five"]);
+    assert_ne!(code, 0, "stuck cannot be destroyed: {out}");
+    let calls = |t: &str, call: &str| {
+        value(
+            t,
+            "trellis_plugin_calls_total",
+            &[("plugin", "sim"), ("call", call), ("outcome", "ok")],
+        )
+    };
+    let text = scrape(&addr);
+    assert_eq!(calls(&text, "DestroyResources"), 1.0, "{text}");
+    // flaky's second attempt, on its own.
+    assert_eq!(calls(&text, "DestroyResource"), 1.0, "{text}");
+
+    let inst = engine.instance("five");
+    let left: Vec<&String> = inst["resources"].as_object().unwrap().keys().collect();
+    assert_eq!(left, ["stuck"], "{inst}");
+    // Every destroy the plugin did carried the key of its own resource.
+    let log = std::fs::read_to_string(&journal).unwrap();
+    let mut destroyed: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("destroyed "))
+        .map(|rest| {
+            let (name, key) = rest.split_once(' ').expect("a key");
+            assert!(key.ends_with(&format!(":{name}:destroy")), "{rest}");
+            name
+        })
+        .collect();
+    destroyed.sort_unstable();
+    assert_eq!(destroyed, ["a", "b", "c", "flaky"], "{log}");
+}
