@@ -1329,7 +1329,9 @@ fn destroy_in_order(
     let mut completed = Vec::new();
     let start = |i: usize| -> Result<Option<Job>, String> {
         let current = resources[i].clone();
-        let key = ctx.key(&current.name, "destroy");
+        // A destroy that never answered is asked again with its key, as deploy and reconcile do.
+        let key = unfinished_key(&current, Call::Destroy, None)
+            .unwrap_or_else(|| ctx.key(&current.name, "destroy"));
         Ok(Some(if linked.contains(current.name.as_str()) {
             Job::Unlink { current, key }
         } else {

@@ -140,3 +140,66 @@ fn an_unanswered_update_does_not_block_the_next_deploy() {
     assert_eq!(inst["resources"]["a"]["status"], "UPDATED", "{inst}");
     assert_eq!(inst["resources"]["a"]["spec"]["payload"], "v3", "{inst}");
 }
+
+/// `(name, key)` of every `destroyed` line of a sim journal.
+fn destroys(journal: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(journal)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("destroyed "))
+        .map(|rest| {
+            let (name, key) = rest.split_once(' ').unwrap_or((rest, ""));
+            (name.to_owned(), key.to_owned())
+        })
+        .collect()
+}
+
+/// Destroys started together go to the sim as one DestroyResources call; the plugin dies in it
+/// after answering two items and acting on the third: the two are recorded destroyed, the third
+/// stays an intent, and the next destroy asks again with its key.
+#[test]
+fn a_destroy_batch_cut_short_keeps_what_was_answered_and_the_unanswered_intent() {
+    let root = TempDir::new("e2e-unanswered-batch");
+    let journal = root.join("journal.txt");
+    let engine = Engine::builder(root.path())
+        .env("TRELLIS_SIM_JOURNAL", &journal)
+        .start();
+    let sim = |name: &str, extra: &str| {
+        format!("  {name}:\n    type: sim/resource\n    spec:\n      latencyMs: {extra}\n")
+    };
+    let blueprint = format!(
+        "version: 2023-04-20\nresources:\n{}{}{}",
+        sim("a", "0"),
+        sim("b", "0"),
+        // Long enough for a's and b's answers to be on their way first.
+        sim("c", "500\n      crashAfter: destroy"),
+    );
+    write(&root.join("three.yaml"), &blueprint);
+    let (code, out) = engine.json(&["deploy", "three.yaml", "--instance", "t"]);
+    assert_eq!(code, 0, "{out}");
+
+    let (code, out) = engine.json(&["destroy", "--instance", "t"]);
+    assert_eq!(code, 1, "{out}");
+    let mut done = destroys(&journal);
+    done.sort();
+    assert_eq!(
+        done.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["a", "b", "c"],
+        "{done:?}"
+    );
+    let inst = engine.instance("t");
+    let left: Vec<&String> = inst["resources"].as_object().unwrap().keys().collect();
+    assert_eq!(left, ["c"], "{inst}");
+    assert_eq!(inst["resources"]["c"]["status"], "DESTROYING", "{inst}");
+
+    // Asked again (the sim acts and dies again), with the key of the lost call.
+    let (code, out) = engine.json(&["destroy", "--instance", "t"]);
+    assert_eq!(code, 1, "{out}");
+    let keys: Vec<String> = destroys(&journal)
+        .into_iter()
+        .filter(|(n, _)| n == "c")
+        .map(|(_, k)| k)
+        .collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys[0].ends_with(":c:destroy") && keys[0] == keys[1], "{keys:?}");
+}
