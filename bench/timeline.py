@@ -94,6 +94,19 @@ def destroy_unwatched(stubs, addr):
         time.sleep(0.005)
 
 
+def thread_cpu(pid):
+    """{tid: (name, CPU seconds)} of a process's threads."""
+    out = {}
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                name = f.read().strip()
+            out[int(t)] = (name, bench.cpu_s(f"{pid}/task/{t}"))
+    except OSError:
+        pass
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--resources", type=int, default=10000)
@@ -101,6 +114,8 @@ def main():
     ap.add_argument("--latency-ms", type=int, default=200)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--no-watch", action="store_true")
+    ap.add_argument("--threads", action="store_true",
+                    help="also print the engine's busiest threads during the destroy")
     a = ap.parse_args()
     stubs = engine_stubs() if a.no_watch else None
     for _ in range(a.runs):
@@ -115,6 +130,7 @@ def main():
             engine.cli("deploy", "--change-set", cs)
             plugins = bench.children(engine.pid)
             cpu = [bench.cpu_s(p) for p in [engine.pid, *plugins]]
+            threads0 = thread_cpu(engine.pid)
             # The CLI is the only child this script reaps during the destroy.
             cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t1 = time.time()
@@ -126,11 +142,17 @@ def main():
             cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             cli = (cli1.ru_utime + cli1.ru_stime) - (cli0.ru_utime + cli0.ru_stime)
             cpu = [bench.cpu_s(p) - c for p, c in zip([engine.pid, *plugins], cpu)]
+            threads = thread_cpu(engine.pid)
             events = engine.events("bench")
             report("deploy", events, "resource.created", t0, t1, a.latency_ms)
             report("destroy", events, "resource.destroyed", t1, t2, a.latency_ms)
             print(f"  CPU during the destroy: engine {cpu[0]:.2f} s, plugins {sum(cpu[1:]):.2f} s, "
                   f"CLI {cli:.2f} s")
+            if a.threads:
+                busy = sorted(((c - threads0.get(t, (n, 0.0))[1], n, t)
+                               for t, (n, c) in threads.items()), reverse=True)
+                print("  engine threads: " + ", ".join(
+                    f"{n}[{t}] {c:.2f} s" for c, n, t in busy[:8] if c > 0.005))
             engine.stop()
         finally:
             shutil.rmtree(work, ignore_errors=True)

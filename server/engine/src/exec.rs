@@ -7,6 +7,7 @@
 //! may call provider functions, which block), then hands the provider call to an async task.
 //! Tasks report back over a channel; the loop never waits on a provider itself.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -935,7 +936,8 @@ pub fn deploy(
     // can still be destroyed under it. Only a dropped resource that a resource being
     // updated still depends on waits until that update is done (phase 2).
     let (early, late) = removals(plan, &recorded);
-    let (outcome, mut removed) = destroy_all(ctx, &early, &before.links);
+    let (outcome, mut removed) =
+        destroy_all(ctx, early.iter().map(|r| Cow::Borrowed(*r)), &before.links);
     completed.append(&mut removed);
     if let Outcome::Failed { .. } = outcome {
         return (outcome, completed);
@@ -1134,7 +1136,8 @@ pub fn deploy(
     }
     // Phase 2: what the blueprint dropped that an updated resource depended on, now that the
     // update is done; dependents first.
-    let (outcome, mut removed) = destroy_all(ctx, &late, &before.links);
+    let (outcome, mut removed) =
+        destroy_all(ctx, late.iter().map(|r| Cow::Borrowed(*r)), &before.links);
     completed.append(&mut removed);
     (outcome, completed)
 }
@@ -1276,18 +1279,19 @@ fn waits_on_itself(
 
 /// Destroys `resources` (in parallel where no dependency orders them), each after everything
 /// that depends on it. `links` are the instance's links as recorded: a resource with none is
-/// destroyed in the scheduler's batches, one with some removes them first.
-pub fn destroy_all(
+/// destroyed in the scheduler's batches, one with some removes them first. Owned resources are
+/// moved into their jobs; borrowed ones are copied when they start.
+pub fn destroy_all<'a>(
     ctx: &Arc<RunContext>,
-    resources: &[&Resource],
+    resources: impl IntoIterator<Item = Cow<'a, Resource>>,
     links: &[crate::state::Link],
 ) -> (Outcome, Vec<Done>) {
-    destroy_in_order(ctx, resources, links, DEPLOY)
+    destroy_in_order(ctx, resources.into_iter().collect(), links, DEPLOY)
 }
 
 fn destroy_in_order(
     ctx: &Arc<RunContext>,
-    resources: &[&Resource],
+    resources: Vec<Cow<'_, Resource>>,
     links: &[crate::state::Link],
     policy: Policy,
 ) -> (Outcome, Vec<Done>) {
@@ -1297,14 +1301,13 @@ fn destroy_in_order(
     // it made; a record of nothing is forgotten.
     let unanswered: Vec<&Resource> = resources
         .iter()
-        .copied()
+        .map(|r| &**r)
         .filter(|r| r.status == S::CreateRequested)
         .collect();
-    let settled;
-    let resources: Vec<&Resource> = if unanswered.is_empty() {
-        resources.to_vec()
+    let resources: Vec<Cow<'_, Resource>> = if unanswered.is_empty() {
+        resources
     } else {
-        settled = match settle_unanswered(ctx, &unanswered, policy) {
+        let settled = match settle_unanswered(ctx, &unanswered, policy) {
             Ok(state) => state,
             Err(error) => {
                 let stopped = ctx.stop.is_cancelled();
@@ -1312,27 +1315,39 @@ fn destroy_in_order(
             }
         };
         resources
-            .iter()
+            .into_iter()
             .filter_map(|r| match r.status {
-                S::CreateRequested => settled.resource(&r.name),
-                _ => Some(*r),
+                S::CreateRequested => settled.resource(&r.name).cloned().map(Cow::Owned),
+                _ => Some(r),
             })
             .collect()
     };
-    let resources = resources.as_slice();
     let linked: std::collections::HashSet<&str> = links
         .iter()
         .flat_map(|l| [l.resource_a.as_str(), l.resource_b.as_str()])
         .collect();
     // A resource waits for the destruction of every resource that depends on it.
-    let mut nodes = nodes_for(resources, Order::Reverse);
+    let (mut nodes, unlink) = {
+        let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
+        let unlink: Vec<bool> = all
+            .iter()
+            .map(|r| linked.contains(r.name.as_str()))
+            .collect();
+        (nodes_for(&all, Order::Reverse), unlink)
+    };
+    // Each node starts once: its resource moves into its job (the loop is the serial path of
+    // a large destroy, so it does not copy 10,000 specs and states there).
+    let mut slots: Vec<Option<Cow<'_, Resource>>> = resources.into_iter().map(Some).collect();
     let mut completed = Vec::new();
     let start = |i: usize| -> Result<Option<Job>, String> {
-        let current = resources[i].clone();
+        let current = slots[i]
+            .take()
+            .ok_or("a destroy was started twice (a bug)")?
+            .into_owned();
         // A destroy that never answered is asked again with its key, as deploy and reconcile do.
         let key = unfinished_key(&current, Call::Destroy, None)
             .unwrap_or_else(|| ctx.key(&current.name, "destroy"));
-        Ok(Some(if linked.contains(current.name.as_str()) {
+        Ok(Some(if unlink[i] {
             Job::Unlink { current, key }
         } else {
             Job::Apply(Apply::Destroy { current, key })
@@ -1448,7 +1463,12 @@ pub fn rollback(
                 .map_err(|e| ctx.store_error(&e)),
         );
     }
-    let (outcome, _) = destroy_in_order(ctx, &doomed, &now.links, ROLLBACK);
+    let (outcome, _) = destroy_in_order(
+        ctx,
+        doomed.iter().map(|r| Cow::Borrowed(*r)).collect(),
+        &now.links,
+        ROLLBACK,
+    );
     if let Outcome::Failed { error, .. } = outcome {
         note(Err(error));
     }

@@ -70,7 +70,7 @@ use crate::plugins::PluginHost;
 use crate::state::{
     Change, ChangeSet, ChangeSetStatus, Conflict, InstanceState, InstanceStatus, InterruptScope,
     Lease, NewChangeSet, NewEvent, NewOperation, Operation, OperationKind, OperationStatus,
-    RequestKey, Resource, ResourceStatus, StateError, StateStore,
+    RequestKey, ResourceStatus, StateError, StateStore,
 };
 use exec::{Outcome, RunContext};
 use plan::Plan;

@@ -879,7 +879,7 @@ impl Engine {
     }
 
     fn run_destroy(self: &Arc<Self>, ctx: &Arc<RunContext>) -> Finish {
-        let state = match ctx
+        let mut state = match ctx
             .rt
             .block_on(ctx.store.load_state(&ctx.operation.instance_id))
         {
@@ -890,9 +890,13 @@ impl Engine {
         let recorded = self.recorded_settings(&state.instance.environment);
         let _settings_secrets = crate::redact::hold(recorded.secret_texts());
         let _ = ctx.configs.set(recorded.configs());
-        let resources: Vec<&Resource> = state.resources.iter().collect();
-        let (mut outcome, destroyed) = exec::destroy_all(ctx, &resources, &state.links);
-        drop(resources);
+        // Each resource moves into its destroy: the state is not read again.
+        let resources = std::mem::take(&mut state.resources);
+        let (mut outcome, destroyed) = exec::destroy_all(
+            ctx,
+            resources.into_iter().map(std::borrow::Cow::Owned),
+            &state.links,
+        );
         // Children go after the resources that may depend on them.
         if matches!(outcome, Outcome::Succeeded) {
             let names: Vec<String> = state.children.iter().map(|c| c.name.clone()).collect();

@@ -201,5 +201,8 @@ fn a_destroy_batch_cut_short_keeps_what_was_answered_and_the_unanswered_intent()
         .map(|(_, k)| k)
         .collect();
     assert_eq!(keys.len(), 2, "{keys:?}");
-    assert!(keys[0].ends_with(":c:destroy") && keys[0] == keys[1], "{keys:?}");
+    assert!(
+        keys[0].ends_with(":c:destroy") && keys[0] == keys[1],
+        "{keys:?}"
+    );
 }
