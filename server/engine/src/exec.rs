@@ -540,8 +540,11 @@ fn destroy_groups(batch: Vec<(usize, Apply)>) -> (Vec<(usize, Apply)>, Vec<Vec<(
             rest.push((i, job));
             continue;
         };
-        let ns = namespace_of(&current.resource_type);
-        let same = |g: &Vec<(usize, Apply)>| matches!(&g[0].1, Apply::Destroy { current: c, .. } if namespace_of(&c.resource_type) == ns);
+        let ns = super::provision::namespace(&current.resource_type);
+        let same = |g: &Vec<(usize, Apply)>| {
+            matches!(&g[0].1, Apply::Destroy { current: c, .. }
+                if super::provision::namespace(&c.resource_type) == ns)
+        };
         match groups.iter_mut().find(|g| same(g)) {
             Some(g) => g.push((i, job)),
             None => groups.push(vec![(i, job)]),
@@ -550,10 +553,6 @@ fn destroy_groups(batch: Vec<(usize, Apply)>) -> (Vec<(usize, Apply)>, Vec<Vec<(
     let (groups, single): (Vec<_>, Vec<_>) = groups.into_iter().partition(|g| g.len() > 1);
     rest.extend(single.into_iter().flatten());
     (rest, groups)
-}
-
-fn namespace_of(resource_type: &str) -> &str {
-    resource_type.split('/').next().unwrap_or_default()
 }
 
 /// The destroys of one provider started in one turn, handed to it together

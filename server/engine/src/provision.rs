@@ -258,7 +258,7 @@ pub struct PluginProvisioner {
     pub assets: crate::assets::Store,
 }
 
-fn namespace(resource_type: &str) -> &str {
+pub(crate) fn namespace(resource_type: &str) -> &str {
     resource_type.split('/').next().unwrap_or_default()
 }
 
@@ -328,8 +328,20 @@ fn options(target: &Target, namespace: &str, key: &str) -> CallOptions {
     }
 }
 
-/// What a DestroyResources item's answer means for its resource, as `destroy_call` reads a
-/// DestroyResource's; `None`: a transient failure, to retry on its own.
+/// What a destroy's answer (`error` from provider `ns`) means for its resource.
+#[allow(clippy::result_large_err)]
+fn destroy_answer(ns: &str, error: Option<pb::Error>) -> Result<(), Failure> {
+    match error {
+        // Already gone is what destroy wants.
+        Some(e) if e.error_class != pb::ErrorClass::NotFound as i32 => {
+            Err(Failure::new(format!("provider `{ns}`: {}", e.message)))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What a DestroyResources item's answer means for its resource, as for a DestroyResource;
+/// `None`: a transient failure, to retry on its own.
 fn item_outcome(
     ns: &str,
     target: &Target,
@@ -337,12 +349,7 @@ fn item_outcome(
 ) -> Option<Result<(), Failure>> {
     match error {
         Some(e) if e.error_class == pb::ErrorClass::Transient as i32 => None,
-        // Already gone is what destroy wants.
-        Some(e) if e.error_class != pb::ErrorClass::NotFound as i32 => {
-            let f = Failure::new(format!("provider `{ns}`: {}", e.message));
-            Some(Err(f.redacted(&target_secrets(target))))
-        }
-        _ => Some(Ok(())),
+        error => Some(destroy_answer(ns, error).map_err(|f| f.redacted(&target_secrets(target)))),
     }
 }
 
@@ -430,17 +437,7 @@ impl PluginProvisioner {
             )
             .await
             .map_err(|e| Failure::of_call(&e))?;
-        match resp.error {
-            // Already gone is what destroy wants.
-            Some(e) if e.error_class != pb::ErrorClass::NotFound as i32 => {
-                Err(Failure::new(format!(
-                    "provider `{}`: {}",
-                    namespace(&target.resource_type),
-                    e.message
-                )))
-            }
-            _ => Ok(()),
-        }
+        destroy_answer(namespace(&target.resource_type), resp.error)
     }
 
     /// The provider's client when `items` can go in one DestroyResources call: more than one,
