@@ -10,6 +10,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent import futures
 
 import grpc
 
@@ -76,6 +77,8 @@ class Declaration:
             functions=bool(self.functions),
             # Every call's ctx.cancelled follows Cancel.
             cancel=True,
+            # DestroyResources runs each item through its resource's destroy.
+            destroy_resources=True,
         )
 
 
@@ -172,6 +175,7 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
         self._provider = decl.provider
         self._calls = calls
         self._shared = shared
+        self._shared_lock = threading.Lock()
         self._logger = logging.getLogger(self._provider.name)
 
     # ------------------------------------------------------------ plumbing
@@ -341,6 +345,53 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
         if err is not None:
             resp.error.CopyFrom(err.to_proto())
         return resp
+
+    def DestroyResources(self, request, context):
+        """Each item as DestroyResource would run it, with its own key, on a thread of the
+        items' pool; each outcome is sent as it finishes. The items share the call's id, so a
+        Cancel of it reaches them all, as does the engine dropping the call."""
+        answers = queue.Queue()
+
+        def one(index, item):
+            event = plugin_pb2.DestroyResourcesEvent(index=index)
+            try:
+                cc = type(request.context)()
+                cc.CopyFrom(request.context)
+                cc.idempotency_key = item.idempotency_key
+                ctx = self._context(cc, context, item.current.spec)
+
+                def destroy(c):
+                    r = self._resource(item.current.resource_type)
+                    r.destroy(c, _state_of(item.current))
+
+                _, err = self._run("DestroyResource", item.current.resource_name, ctx, destroy)
+            except Exception as e:  # noqa: BLE001: every item gets an answer
+                err = from_exception(e, "DestroyResources")
+            if err is not None:
+                event.error.CopyFrom(err.to_proto())
+            answers.put(event)
+
+        log.info("DestroyResources: %d items", len(request.items))
+        pool = self._item_pool()
+        for index, item in enumerate(request.items):
+            pool.submit(one, index, item)
+        for _ in request.items:
+            while True:
+                try:
+                    yield answers.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    if not context.is_active():
+                        return  # the engine dropped the call; its items are cancelled
+
+    def _item_pool(self):
+        """The threads DestroyResources items run on, made on first use."""
+        with self._shared_lock:
+            pool = self._shared.get("items")
+            if pool is None:
+                pool = futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="item")
+                self._shared["items"] = pool
+            return pool
 
     def ReadResource(self, request, context):
         cur = request.current

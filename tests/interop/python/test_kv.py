@@ -133,9 +133,14 @@ class Probe(Resource):
         }
         return Applied("id-" + spec["name"], {"token": "tok", "seen": seen})
 
+    destroyed_keys = []
+
     def destroy(self, ctx, current):
+        Probe.destroyed_keys.append(ctx.idempotency_key)
         if current.spec.get("mode") == "deny":
             raise Permission("not allowed")
+        if current.spec.get("mode") == "wait":
+            ctx.sleep(30)  # raises Cancelled when the call is cancelled
 
 
 class T(Provider):
@@ -210,6 +215,7 @@ def test_manifest_and_capabilities():
         assert hs.protocol_version == 1 and hs.plugin.name == "t" and hs.plugin.version == "1.2.3"
         caps = hs.capabilities
         assert caps.functions and caps.cancel and not caps.read_resource, caps  # Probe has no read
+        assert caps.destroy_resources, caps
         assert not caps.import_resource and not any(t.importable for t in h.manifest().resource_types)
         m = h.manifest()
         assert m.SerializeToString(deterministic=True) == h.manifest().SerializeToString(deterministic=True)
@@ -313,6 +319,31 @@ def test_cancel_reaches_the_context():
         _, r = out.get(timeout=RPC_TIMEOUT)
         assert error_class(r.error) == types_pb2.ERROR_CLASS_TRANSIENT and "cancelled" in r.error.message
         assert not h.cancel("c-9"), "no longer in flight"
+
+
+def test_destroy_resources_answers_each_item_as_it_finishes():
+    """DestroyResources: every item through the resource's destroy with its own key; the quick
+    answers are not held behind a slow one; Cancel of the call's id reaches the slow one."""
+    Probe.destroyed_keys.clear()
+    with Harness(T()) as h:
+        def item(mode, key, type_name="t/probe"):
+            return plugin_pb2.DestroyItem(idempotency_key=key, current=plugin_pb2.ResourceState(
+                resource_type=type_name, resource_name=mode, external_id="id-" + mode,
+                spec=to_value(spec_of(mode=mode))))
+        req = plugin_pb2.DestroyResourcesRequest(
+            context=h.call_context(call_id="batch-1", key=""),
+            items=[item("wait", "k0"), item("ok", "k1"), item("deny", "k2"),
+                   item("ok", "k3", "t/nope")])
+        stream = h.provider.DestroyResources(req, timeout=RPC_TIMEOUT)
+        quick = sorted((next(stream) for _ in range(3)), key=lambda e: e.index)
+        assert [(e.index, e.HasField("error") and error_class(e.error)) for e in quick] == [
+            (1, False), (2, types_pb2.ERROR_CLASS_PERMISSION), (3, types_pb2.ERROR_CLASS_BAD_INPUT)]
+        assert h.cancel("batch-1"), "the items share the call's id"
+        last = next(stream)
+        assert last.index == 0 and error_class(last.error) == types_pb2.ERROR_CLASS_TRANSIENT
+        assert "cancelled" in last.error.message, last.error
+        assert list(stream) == []
+        assert sorted(Probe.destroyed_keys) == ["k0", "k1", "k2"]
 
 
 def test_functions():
@@ -601,6 +632,7 @@ def test_refuses_an_unsupported_protocol_version():
 # ---------------------------------------------------------------- through the engine
 
 
+# Two entries, so that the destroy sends them in one DestroyResources call.
 BLUEPRINT = """version: 2023-04-20
 resources:
   greeting:
@@ -608,6 +640,11 @@ resources:
     spec:
       key: greeting
       value: hello
+  farewell:
+    type: kv/entry
+    spec:
+      key: farewell
+      value: bye
 """
 
 
@@ -658,6 +695,10 @@ def test_engine_deploy_drift_destroy():
         code, doc, err = cli("destroy", "--instance", "kv-e2e")
         assert code == 0 and doc["operation"]["status"] == "SUCCEEDED", f"{code} {doc} {err}"
         assert not os.path.exists(path), "destroy left the file"
+        assert not os.path.exists(os.path.join(entries, "farewell")), "destroy left the file"
+        engine_log.flush()
+        with open(engine_log.name) as f:
+            assert "DestroyResources: 2 items" in f.read(), "the destroys were not sent together"
 
         # An entry made by hand is imported by its key; the spec printed plans no change.
         with open(os.path.join(entries, "byhand"), "w") as f:
