@@ -184,6 +184,24 @@ async fn guarded<T>(
     .await
 }
 
+/// `work`'s result; if the engine drops the streamed call first (`tx` closed), the call's
+/// context is cancelled and `work` still answers (with whatever it made, for an apply).
+async fn unless_dropped<T, M>(
+    ctx: &Context,
+    tx: &mpsc::UnboundedSender<M>,
+    work: impl Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    tokio::select! {
+        r = &mut work => r,
+        () = tx.closed() => {
+            tracing::info!(id = %ctx.call_id(), "the engine dropped the call; cancelling it");
+            ctx.cancellation_token().cancel();
+            work.await
+        }
+    }
+}
+
 fn diagnostics(r: Result<Vec<Diagnostic>>) -> Vec<pb::Diagnostic> {
     match r {
         Ok(ds) => ds.iter().map(Diagnostic::to_proto).collect(),
@@ -722,15 +740,7 @@ impl ProviderRpc for ProviderSvc {
                     }
                 }
             };
-            tokio::pin!(work);
-            let r = tokio::select! {
-                r = &mut work => r,
-                () = tx.closed() => {
-                    tracing::info!(id = %ctx.call_id(), "the engine dropped the call; cancelling it");
-                    ctx.cancellation_token().cancel();
-                    work.await
-                }
-            };
+            let r = unless_dropped(&ctx, &tx, work).await;
             let _ = tx.send(result_event(apply_result(&schema, r)));
         });
         let stream = UnboundedReceiverStream::new(rx).map(Ok);
@@ -786,17 +796,8 @@ impl ProviderRpc for ProviderSvc {
                     let (resource, _) = core.resource(&current.resource_type)?;
                     guarded(&ctx, "DestroyResource", resource.destroy(&ctx, &current)).await
                 };
-                tokio::pin!(work);
-                // The engine dropping the call cancels what is left of it, as for ApplyResource
-                // (the items share one token).
-                let r = tokio::select! {
-                    r = &mut work => r,
-                    () = tx.closed() => {
-                        tracing::info!(id = %ctx.call_id(), "the engine dropped the call; cancelling it");
-                        ctx.cancellation_token().cancel();
-                        work.await
-                    }
-                };
+                // The items share one token: dropping the call cancels what is left of it.
+                let r = unless_dropped(&ctx, &tx, work).await;
                 let error = r.err().map(|e| e.to_proto());
                 let _ = tx.send(Ok(pb::DestroyResourcesEvent { index, error }));
             });
