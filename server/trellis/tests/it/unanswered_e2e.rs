@@ -10,14 +10,14 @@ use crate::plugins_common::TempDir;
 
 const CRASHING: &str = "version: 2023-04-20\nresources:\n  a:\n    type: sim/resource\n    spec:\n      payload: x\n      crashAfter: create\n";
 
-/// `(name, key)` of every `created` line of a sim journal.
-fn creates(journal: &Path) -> Vec<(String, String)> {
+/// `(name, key)` of every `<verb>` line (`created`, `destroyed`) of a sim journal.
+fn journal(journal: &Path, verb: &str) -> Vec<(String, String)> {
     std::fs::read_to_string(journal)
         .unwrap_or_default()
         .lines()
         .filter_map(|l| {
             let mut w = l.split(' ');
-            (w.next()? == "created").then(|| {
+            (w.next()? == verb).then(|| {
                 (
                     w.next().unwrap_or_default().to_owned(),
                     w.next().unwrap_or_default().to_owned(),
@@ -25,6 +25,10 @@ fn creates(journal: &Path) -> Vec<(String, String)> {
             })
         })
         .collect()
+}
+
+fn creates(path: &Path) -> Vec<(String, String)> {
+    journal(path, "created")
 }
 
 /// Deploys [`CRASHING`]: the sim creates `a`, journals it, and exits before answering.
@@ -141,17 +145,8 @@ fn an_unanswered_update_does_not_block_the_next_deploy() {
     assert_eq!(inst["resources"]["a"]["spec"]["payload"], "v3", "{inst}");
 }
 
-/// `(name, key)` of every `destroyed` line of a sim journal.
-fn destroys(journal: &Path) -> Vec<(String, String)> {
-    std::fs::read_to_string(journal)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.strip_prefix("destroyed "))
-        .map(|rest| {
-            let (name, key) = rest.split_once(' ').unwrap_or((rest, ""));
-            (name.to_owned(), key.to_owned())
-        })
-        .collect()
+fn destroys(path: &Path) -> Vec<(String, String)> {
+    journal(path, "destroyed")
 }
 
 /// Destroys started together go to the sim as one DestroyResources call; the plugin dies in it
