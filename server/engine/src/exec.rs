@@ -596,7 +596,8 @@ async fn destroy_group(
 /// the first calls leave after a short commit and go out while the loop records the next
 /// intents, rather than all waiting for one commit of every intent (BENCHMARKS.md, issue 13:
 /// a 10,000-resource deploy 1.17 -> 1.14 x its critical path). A turn of answers arriving
-/// in the usual trickle starts far fewer.
+/// in the usual trickle starts far fewer. It also bounds a `DestroyResources` call: a turn's
+/// destroys of one provider go out together (32 to 256 measured alike, BENCHMARKS.md).
 const TURN_CALLS: usize = 128;
 
 /// What a scheduled task that panicked reports (the panic itself is in the engine's log).
