@@ -14,6 +14,7 @@
 //!   A call whose future is dropped still finishes its transaction (committed or not).
 
 mod backup;
+mod checkpoint;
 mod lock;
 mod marker;
 mod schema;
@@ -90,6 +91,8 @@ struct Inner {
     /// A drain of `queue` is scheduled or running.
     drain_scheduled: AtomicBool,
     readers: Mutex<Vec<Connection>>,
+    /// Held for its drop: checkpoints run on its thread, not in the writer's commits.
+    _checkpointer: checkpoint::Checkpointer,
     notifier: Notifier,
     /// The newest committed events of recently written instances (see `tail`).
     tail: tail::EventTail,
@@ -203,6 +206,8 @@ impl SqliteStore {
             }
         }
         let marker = marker::Marker::write(&marker_path, &store_id, commits)?;
+        let checkpointer =
+            checkpoint::Checkpointer::start(&mut writer, &db_path, options.busy_timeout)?;
 
         Ok(SqliteStore {
             inner: Arc::new(Inner {
@@ -210,6 +215,7 @@ impl SqliteStore {
                 queue: Mutex::new(Vec::new()),
                 drain_scheduled: AtomicBool::new(false),
                 readers: Mutex::new(Vec::new()),
+                _checkpointer: checkpointer,
                 notifier: Notifier::default(),
                 tail: tail::EventTail::default(),
                 options,

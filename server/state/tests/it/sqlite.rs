@@ -520,6 +520,89 @@ async fn events_read_while_running_are_the_recorded_ones() {
     assert_eq!(now[4], now[0][60..]);
 }
 
+/// What the store's checkpoint thread logs (`trellis_state` debug events from any thread are
+/// captured process-wide, with the thread's name, once per test binary).
+fn checkpoint_log() -> Arc<std::sync::Mutex<Vec<u8>>> {
+    use std::sync::{Mutex, OnceLock};
+    #[derive(Clone)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = Sink(log.clone());
+        tracing_subscriber::fmt()
+            .with_env_filter("trellis_state=debug")
+            .with_thread_names(true)
+            .with_ansi(false)
+            .with_writer(move || sink.clone())
+            .init();
+        log
+    })
+    .clone()
+}
+
+/// WAL checkpoints run on the store's own thread: SQLite's automatic one ran inside the commit
+/// that took the WAL past 1,000 pages, and every unit queued behind that commit waited for the
+/// copy. The WAL stays bounded all the same: 30 MB written through it, never more than the
+/// writer's own limit (4,000 pages) and a commit in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_run_off_the_writer_and_keep_the_wal_bounded() {
+    let log = checkpoint_log();
+    let dir = TempDir::new("checkpoint");
+    let (store, inst, lease) = leased(SqliteStore::open(dir.path()).unwrap()).await;
+    let wal = dir.path().join("state.db-wal");
+    let page: u64 = 4096;
+    let mut largest = 0;
+    let filler: String = (0..8_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    for round in 0..150 {
+        let changes = (0..25)
+            .map(|k| Change::IntendCreate {
+                name: format!("r{round}-{k}"),
+                resource_type: "test/thing".into(),
+                spec: json!({ "filler": filler, "round": round }),
+                depends_on: vec![],
+                metadata: json!(null),
+                key: format!("key-{round}-{k}"),
+            })
+            .collect();
+        store.commit(&lease, changes, vec![]).await.unwrap();
+        largest = largest.max(std::fs::metadata(&wal).unwrap().len());
+    }
+    assert!(
+        largest <= (4_000 + 200) * (page + 24),
+        "the WAL grew to {largest} bytes"
+    );
+    assert_eq!(store.count_resources(&inst.id).await.unwrap(), 3_750);
+    let ours = dir.path().join("state.db").display().to_string();
+    let done_by_thread = |log: &[u8]| {
+        String::from_utf8_lossy(log).lines().any(|l| {
+            l.contains("sqlite-checkpoint") && l.contains("WAL checkpoint") && l.contains(&ours)
+        })
+    };
+    // The last nudge may still be being served; the first ones long were.
+    for _ in 0..100 {
+        if done_by_thread(&log.lock().unwrap()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "no checkpoint of {ours} by the checkpoint thread:\n{}",
+        String::from_utf8_lossy(&log.lock().unwrap())
+    );
+}
+
 /// `load_state` reads resources unsorted and sorts them by rowid itself: they come back whole
 /// and in the order they were recorded, not in name (index) order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
