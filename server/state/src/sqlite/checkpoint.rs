@@ -2,8 +2,8 @@
 //!
 //! SQLite's automatic checkpoint runs inside the COMMIT that takes the WAL past 1,000 pages, on
 //! the committing connection: here that is the one writer, so every unit queued behind that
-//! commit waited for ~1,000 pages to be copied into `state.db` and fsynced (10-100 ms, measured
-//! with strace during a 10,000-resource destroy; see BENCHMARKS.md). Instead the writer's WAL
+//! commit waited for ~1,000 pages to be copied into `state.db` and fsynced (2-12 ms each, about
+//! 25 times in a 10,000-resource deploy and destroy; see BENCHMARKS.md). Instead the writer's WAL
 //! hook nudges this thread, which checkpoints on its own connection. WAL lets a checkpoint and
 //! a writer run at once (they take different locks), so commits no longer wait for one.
 //!
