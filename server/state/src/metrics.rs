@@ -14,6 +14,13 @@ static COMMIT_SECONDS: LazyLock<Histogram> =
 
 static EVENTS_WRITTEN: LazyLock<Counter> = LazyLock::new(Counter::default);
 
+/// From 0.1 ms to about 2.4 s, as commits: a checkpoint copies up to a few thousand pages and
+/// fsyncs `state.db`.
+static CHECKPOINT_SECONDS: LazyLock<Histogram> =
+    LazyLock::new(|| Histogram::new(exponential_buckets(0.0001, 2.5, 12)));
+
+static WRITER_CHECKPOINTS: LazyLock<Counter> = LazyLock::new(Counter::default);
+
 /// One write transaction (a group commit of one or more units) took `took`, commit included.
 pub(crate) fn commit_took(took: Duration) {
     COMMIT_SECONDS.observe(took.as_secs_f64());
@@ -24,12 +31,32 @@ pub(crate) fn events_written(n: usize) {
     EVENTS_WRITTEN.inc_by(n as u64);
 }
 
+/// A WAL checkpoint of the SQLite store took `took`.
+pub(crate) fn checkpoint_took(took: Duration) {
+    CHECKPOINT_SECONDS.observe(took.as_secs_f64());
+}
+
+/// The SQLite writer checkpointed the WAL itself: the checkpoint thread fell behind.
+pub(crate) fn writer_checkpointed() {
+    WRITER_CHECKPOINTS.inc();
+}
+
 /// Adds the state store's metrics to `registry`.
 pub fn register(registry: &mut Registry) {
     registry.register(
         "trellis_state_commit_duration_seconds",
         "Write transactions of the state store (a group commit of one or more units), from BEGIN to COMMIT",
         COMMIT_SECONDS.clone(),
+    );
+    registry.register(
+        "trellis_state_checkpoint_duration_seconds",
+        "WAL checkpoints of the SQLite state store, copying committed pages into state.db",
+        CHECKPOINT_SECONDS.clone(),
+    );
+    registry.register(
+        "trellis_state_writer_checkpoints",
+        "WAL checkpoints the SQLite writer ran itself because the checkpoint thread fell behind",
+        WRITER_CHECKPOINTS.clone(),
     );
     registry.register(
         "trellis_events_written",

@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use rusqlite::wal::CheckpointMode;
@@ -59,8 +59,15 @@ impl Checkpointer {
                 // Busy when the thread is mid-checkpoint: it copies, the next commit retries.
                 // Never an error: the commit has happened, and an error here would report it
                 // as failed.
-                if let Err(e) = wal.checkpoint_v2(CheckpointMode::PASSIVE) {
-                    tracing::debug!(error = %e, pages, "WAL checkpoint by the writer skipped");
+                let started = Instant::now();
+                match wal.checkpoint_v2(CheckpointMode::PASSIVE) {
+                    Ok(_) => {
+                        crate::metrics::checkpoint_took(started.elapsed());
+                        crate::metrics::writer_checkpointed();
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, pages, "WAL checkpoint by the writer skipped")
+                    }
                 }
             } else if pages >= THRESHOLD_PAGES {
                 // Full: a nudge is already waiting, which covers this commit too. Gone: the
@@ -85,9 +92,13 @@ impl Checkpointer {
 
 fn run(conn: Connection, nudged: Receiver<Msg>, db: &str) {
     while let Ok(Msg::Nudge) = nudged.recv() {
+        let started = Instant::now();
         match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
             // `log` pages in the WAL, `done` of them now in state.db.
-            Ok((log, done)) => tracing::debug!(db, log, done, "WAL checkpoint"),
+            Ok((log, done)) => {
+                crate::metrics::checkpoint_took(started.elapsed());
+                tracing::debug!(db, log, done, "WAL checkpoint");
+            }
             // The next nudge tries again; the WAL grows meanwhile, nothing is lost.
             Err(e) => tracing::warn!(db, error = %e, "WAL checkpoint failed"),
         }

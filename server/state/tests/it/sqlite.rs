@@ -553,7 +553,7 @@ fn checkpoint_log() -> Arc<std::sync::Mutex<Vec<u8>>> {
 /// WAL checkpoints run on the store's own thread: SQLite's automatic one ran inside the commit
 /// that took the WAL past 1,000 pages, and every unit queued behind that commit waited for the
 /// copy. The WAL stays bounded all the same: 30 MB written through it, never more than the
-/// writer's own limit (4,000 pages) and a commit in it.
+/// writer's own limit (4,000 pages) and a commit in it. Checkpoints are timed for /metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_run_off_the_writer_and_keep_the_wal_bounded() {
     let log = checkpoint_log();
@@ -593,6 +593,16 @@ async fn checkpoints_run_off_the_writer_and_keep_the_wal_bounded() {
     // The last nudge may still be being served; the first ones long were.
     for _ in 0..100 {
         if done_by_thread(&log.lock().unwrap()) {
+            // And they are timed for /metrics.
+            let mut registry = prometheus_client::registry::Registry::default();
+            trellis_state::metrics::register(&mut registry);
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            let count = text
+                .lines()
+                .find_map(|l| l.strip_prefix("trellis_state_checkpoint_duration_seconds_count "))
+                .and_then(|n| n.trim().parse::<u64>().ok());
+            assert!(count.is_some_and(|n| n >= 1), "{text}");
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
