@@ -59,12 +59,8 @@ impl Checkpointer {
                 // Busy when the thread is mid-checkpoint: it copies, the next commit retries.
                 // Never an error: the commit has happened, and an error here would report it
                 // as failed.
-                let started = Instant::now();
-                match wal.checkpoint_v2(CheckpointMode::PASSIVE) {
-                    Ok(_) => {
-                        crate::metrics::checkpoint_took(started.elapsed());
-                        crate::metrics::writer_checkpointed();
-                    }
+                match timed(|| wal.checkpoint_v2(CheckpointMode::PASSIVE)) {
+                    Ok(_) => crate::metrics::writer_checkpointed(),
                     Err(e) => {
                         tracing::debug!(error = %e, pages, "WAL checkpoint by the writer skipped")
                     }
@@ -92,17 +88,21 @@ impl Checkpointer {
 
 fn run(conn: Connection, nudged: Receiver<Msg>, db: &str) {
     while let Ok(Msg::Nudge) = nudged.recv() {
-        let started = Instant::now();
-        match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
+        match timed(|| conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE)) {
             // `log` pages in the WAL, `done` of them now in state.db.
-            Ok((log, done)) => {
-                crate::metrics::checkpoint_took(started.elapsed());
-                tracing::debug!(db, log, done, "WAL checkpoint");
-            }
+            Ok((log, done)) => tracing::debug!(db, log, done, "WAL checkpoint"),
             // The next nudge tries again; the WAL grows meanwhile, nothing is lost.
             Err(e) => tracing::warn!(db, error = %e, "WAL checkpoint failed"),
         }
     }
+}
+
+/// Runs a checkpoint, timing those that ran for /metrics.
+fn timed<T>(checkpoint: impl FnOnce() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let started = Instant::now();
+    let done = checkpoint()?;
+    crate::metrics::checkpoint_took(started.elapsed());
+    Ok(done)
 }
 
 impl Drop for Checkpointer {
