@@ -16,7 +16,7 @@ import grpc
 
 from ._stubs import plugin_pb2, plugin_pb2_grpc
 from .context import Context
-from .errors import BadInput, NotFound, PluginError, from_exception
+from .errors import BadInput, NotFound, PluginError, Transient, from_exception
 from .host import HostClient
 from .provider import Applied, Diagnostic, Found, Resource, ResourceState
 from .schema import fill_defaults, missing_required, object_schema, sensitive_field_paths
@@ -88,10 +88,20 @@ class Calls:
     def __init__(self):
         self._lock = threading.Lock()
         self._calls = []
+        self._closed = False
 
     def add(self, ctx):
+        """Registers `ctx`; False once the plugin is shutting down (see `close`)."""
         with self._lock:
+            if self._closed:
+                return False
             self._calls.append(ctx)
+            return True
+
+    def close(self):
+        """Refuses calls from now on: the plugin is shutting down."""
+        with self._lock:
+            self._closed = True
 
     def remove(self, ctx):
         with self._lock:
@@ -193,7 +203,9 @@ class ProviderService(plugin_pb2_grpc.ProviderServicer):
 
     def _run(self, rpc, what, ctx, fn):
         """fn(ctx) with the call registered and logged; (result, None) or (None, PluginError)."""
-        self._calls.add(ctx)
+        if not self._calls.add(ctx):
+            # Worth retrying: the engine starts the plugin again.
+            return None, Transient(f"{rpc} {what}".strip() + ": the plugin is shutting down")
         started = time.monotonic()
         err = None
         try:

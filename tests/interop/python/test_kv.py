@@ -591,6 +591,30 @@ def test_sigterm_lets_an_in_flight_call_finish():
         assert not os.path.exists(p.socket_path)
 
 
+def test_sigterm_refuses_new_calls_while_in_flight_ones_finish():
+    with slow_plugin() as p:
+        p.connect()
+        stream = start_slow_apply(p, 1500)
+        p.proc.send_signal(signal.SIGTERM)
+        # Logged once calls are refused.
+        deadline = time.monotonic() + EXIT_TIMEOUT
+        while not any("shutting down" in (line or "") for line in list(p.logs)):
+            assert time.monotonic() < deadline, "no shutdown line"
+            time.sleep(0.02)
+        (refused,) = list(plugin_pb2_grpc.ProviderStub(p.channel).ApplyResource(
+            plugin_pb2.ApplyResourceRequest(
+                context=types_pb2.CallContext(call_id="late-1", idempotency_key="k2"),
+                resource_type="slow/thing", resource_name="y", desired_spec=to_value({"ms": 0}),
+            ),
+            timeout=RPC_TIMEOUT,
+        ))
+        assert error_class(refused.result.error) == types_pb2.ERROR_CLASS_TRANSIENT, refused
+        assert "shutting down" in refused.result.error.message, refused
+        (last,) = list(stream)
+        assert last.result.external_id == "done" and not last.result.HasField("error"), last
+        assert p.wait_exit() == 0
+
+
 def test_sigterm_cancels_a_call_that_outlasts_the_grace():
     with slow_plugin() as p:
         p.connect()
